@@ -1,0 +1,1 @@
+"""flightrec: a logging reverse proxy for OpenAI-compatible APIs."""

@@ -1,0 +1,232 @@
+"""Configuration: TOML file, then `FLIGHTREC_*` environment, then command-line flags.
+
+Every key is declared once in `KEYS`; `config.example.toml` documents each of them (a test
+checks it). Validation happens at start and every error names the key it is about.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
+DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+
+
+class ConfigError(Exception):
+    """A configuration problem; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    name: str
+    base_url: str
+    prefix: str
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the key `replay` sends (keys are never stored)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    db_url: str = DEFAULT_DB_URL
+    auto_upgrade: bool = True
+    stream_usage: str = "inject"
+    cancel_on_disconnect: bool = True
+    connect_timeout: float = 10.0
+    read_timeout: float = 600.0
+    max_request_bytes: int = 64 * 1024 * 1024
+    max_record_bytes: int = 16 * 1024 * 1024
+    shutdown_grace: float = 30.0
+    queue_size: int = 10_000
+    batch_size: int = 500
+    batch_interval: float = 0.05
+    spool_path: str = "flightrec.spool"
+    log_level: str = "info"
+    upstreams: tuple[Upstream, ...] = field(
+        default_factory=lambda: (Upstream("openai", DEFAULT_UPSTREAM, "/v1"),)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    parse: Callable[[str, Any], Any]
+    doc: str
+
+
+def _int(key: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _port(key: str, value: Any) -> int:
+    port = _int(key, value)
+    if port > 65535:
+        raise ConfigError(f"{key}: expected a port number 0-65535, got {port}")
+    return port
+
+
+def _positive_int(key: str, value: Any) -> int:
+    return _int(key, value, minimum=1)
+
+
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{key}: expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _str(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        if value not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+
+    return parse
+
+
+def _db_url(key: str, value: Any) -> str:
+    url = _str(key, value)
+    if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
+        raise ConfigError(
+            f"{key}: expected a sqlite+aiosqlite:// or postgresql+asyncpg:// URL, got {url!r}"
+        )
+    return url
+
+
+def _http_url(key: str, value: Any) -> str:
+    url = _str(key, value)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
+    return url.rstrip("/")
+
+
+KEYS: dict[str, Key] = {
+    "host": Key(_str, "address to listen on"),
+    "port": Key(_port, "port to listen on"),
+    "db_url": Key(_db_url, "database URL (SQLite or PostgreSQL)"),
+    "auto_upgrade": Key(_bool, "migrate the database to head when serve starts"),
+    "stream_usage": Key(_choice("inject", "passthrough"), "ask upstreams for stream usage"),
+    "cancel_on_disconnect": Key(_bool, "cancel the upstream request when the client leaves"),
+    "connect_timeout": Key(_seconds, "seconds to connect to an upstream"),
+    "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
+    "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
+    "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
+    "shutdown_grace": Key(_seconds, "seconds in-flight exchanges get on SIGTERM"),
+    "queue_size": Key(_positive_int, "records held in memory before spilling to the spool"),
+    "batch_size": Key(_positive_int, "records written per database transaction"),
+    "batch_interval": Key(_seconds, "seconds the writer waits to fill a batch"),
+    "spool_path": Key(_str, "file records spill to while the database is unavailable"),
+    "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
+}
+UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
+ENV_PREFIX = "FLIGHTREC_"
+
+
+def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("upstreams: expected a non-empty array of tables ([[upstreams]])")
+    upstreams: list[Upstream] = []
+    for i, entry in enumerate(raw):
+        where = f"upstreams[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a table")
+        for key in entry:
+            if key not in UPSTREAM_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(UPSTREAM_KEYS)})")
+        name = _str(f"{where}.name", entry.get("name"))
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"{where}.name: use letters, digits, - and _ only, got {name!r}")
+        base_url = _http_url(f"{where}.base_url", entry.get("base_url"))
+        prefix = _str(f"{where}.prefix", entry.get("prefix", "/v1" if i == 0 else f"/{name}/v1"))
+        if not prefix.startswith("/"):
+            raise ConfigError(f"{where}.prefix: must start with /, got {prefix!r}")
+        api_key_env = _str(f"{where}.api_key_env", entry.get("api_key_env", "OPENAI_API_KEY"))
+        upstreams.append(Upstream(name, base_url, prefix.rstrip("/") or "/", api_key_env))
+    for key, label in (("name", "names"), ("prefix", "prefixes")):
+        values = [getattr(u, key) for u in upstreams]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"upstreams: {label} must be unique, got {values}")
+    return tuple(upstreams)
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the config from a TOML file, the environment and flags, in that order.
+
+    `path` falls back to `FLIGHTREC_CONFIG`. `overrides` are flag values (None = not given);
+    the key `upstream` replaces the first upstream's base_url, as `FLIGHTREC_UPSTREAM` does.
+    """
+    env = os.environ if env is None else env
+    path = path or env.get(ENV_PREFIX + "CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config: file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config: cannot read {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "upstreams":
+            continue
+        if key not in KEYS:
+            raise ConfigError(f"{key}: unknown config key (see config.example.toml)")
+        values[key] = KEYS[key].parse(key, value)
+    for key, spec in KEYS.items():
+        env_value = env.get(ENV_PREFIX + key.upper())
+        if env_value is not None:
+            values[key] = spec.parse(ENV_PREFIX + key.upper(), env_value)
+    for key, value in (overrides or {}).items():
+        if value is not None and key in KEYS:
+            values[key] = KEYS[key].parse(f"--{key.replace('_', '-')}", value)
+
+    config = replace(Config(), **values)
+    if "upstreams" in raw:
+        config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
+    upstream_url = (overrides or {}).get("upstream") or env.get(ENV_PREFIX + "UPSTREAM")
+    if upstream_url:
+        first = replace(config.upstreams[0], base_url=_http_url("upstream", upstream_url))
+        config = replace(config, upstreams=(first, *config.upstreams[1:]))
+    return config

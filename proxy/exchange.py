@@ -1,0 +1,118 @@
+"""The exchange: one request through the proxy and everything that happened to it.
+
+An `Exchange` is created when a request arrives (`forward.py`), filled in as the response
+streams through, and handed whole to the recorder at the end, whatever the outcome. The store
+writes it to rows and reads rows back into the same shape for `logs`, `show` and `replay`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal[
+    "ok",
+    "upstream_error",
+    "client_disconnected",
+    "upstream_disconnected",
+    "stream_error",
+    "timeout",
+    "proxy_error",
+]
+UsageSource = Literal["reported", "injected", "missing"]
+
+_uuid7_lock = threading.Lock()
+_uuid7_last = 0
+
+
+def new_id() -> str:
+    """A UUIDv7 string: time-ordered to the millisecond, strictly increasing in this process.
+
+    Within one millisecond the 12-bit `rand_a` field counts up (RFC 9562, method 1), so ids
+    minted by one process sort in minting order; the 62 random bits keep processes apart.
+    """
+    global _uuid7_last
+    with _uuid7_lock:
+        candidate = time.time_ns() // 1_000_000 << 12
+        _uuid7_last = candidate if candidate > _uuid7_last else _uuid7_last + 1
+        ms_and_seq = _uuid7_last
+    rand = int.from_bytes(os.urandom(8)) & 0x3FFF_FFFF_FFFF_FFFF
+    value = (ms_and_seq >> 12) << 80 | 0x7 << 76 | (ms_and_seq & 0xFFF) << 64 | 0b10 << 62 | rand
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Everything recorded about one request/response pair (SPEC section 4)."""
+
+    id: str
+    started_at: float
+    """Unix time (seconds) at which the request reached the proxy."""
+    method: str
+    path: str
+    """The path the client asked for, without the query string."""
+    query: str
+    upstream: str
+    """The configured upstream's name (never a client-chosen host)."""
+    upstream_url: str = ""
+    status: int | None = None
+    """HTTP status the client got (from the upstream, or the proxy's own 4xx/5xx)."""
+    stream: bool = False
+    model: str | None = None
+    """The model the client requested (request body `model`)."""
+    request_body: bytes | None = None
+    """The request body exactly as the client sent it; None when omitted."""
+    request_json: Any = None
+    """The request body parsed as JSON, when it is JSON (kept even when `request_body` is omitted
+    from storage is decided by `omit_request`)."""
+    response_body: bytes | None = None
+    """The non-streamed response body, decompressed; None for streams and when not captured."""
+    response_json: Any = None
+    """The response as JSON: the body for non-streams, the reassembled object for streams."""
+    response_bytes: int = 0
+    """Bytes of body the client received (after withholding an injected usage event)."""
+    content_type: str | None = None
+    outcome: Outcome = "ok"
+    error: str | None = None
+    ttfb_ms: float | None = None
+    """Time from request arrival to the upstream's response headers."""
+    ttft_ms: float | None = None
+    """Time from request arrival to the first generated token (streams only)."""
+    duration_ms: float | None = None
+    chunks: int = 0
+    """SSE data events received from the upstream (including `[DONE]`)."""
+    upstream_request_id: str | None = None
+    key_hash: str | None = None
+    key_hint: str | None = None
+    user: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    replay_of: str | None = None
+    usage: dict[str, Any] | None = None
+    usage_source: UsageSource | None = None
+    """Where `usage` came from; None for endpoints that never report usage."""
+    response_model: str | None = None
+    """The model the upstream says answered (response `model`)."""
+    system_fingerprint: str | None = None
+    parse_errors: list[str] = field(default_factory=list)
+    """Problems met while reading the response (bad JSON in a data line, undecodable body);
+    the client is never affected by them."""
+    omit_request: bool = False
+    omit_response: bool = False
+
+    @classmethod
+    def start(
+        cls, method: str, path: str, query: str, upstream: str, *, replay_of: str | None = None
+    ) -> Exchange:
+        return cls(
+            id=new_id(),
+            started_at=time.time(),
+            method=method,
+            path=path,
+            query=query,
+            upstream=upstream,
+            replay_of=replay_of,
+        )

@@ -1,0 +1,56 @@
+"""Where finished exchanges go.
+
+The forwarder hands every exchange, whatever its outcome, to one `Recorder` in its `finally`.
+`record()` must never block the relay and never raise: the database recorder queues the
+exchange for a background writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from .exchange import Exchange
+
+
+class Recorder(Protocol):
+    async def start(self) -> None:
+        """Start background work (called once the event loop runs)."""
+
+    def record(self, exchange: Exchange) -> None:
+        """Take a finished exchange. Never blocks, never raises."""
+
+    def ready(self) -> bool:
+        """True while records can reach their destination without piling up."""
+
+    async def close(self) -> None:
+        """Write out everything taken so far, then stop."""
+
+
+class MemoryRecorder:
+    """Keeps exchanges in a list: for tests and for `serve` without a database."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+        self._arrived = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    def record(self, exchange: Exchange) -> None:
+        self.exchanges.append(exchange)
+        self._arrived.set()
+
+    def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+    async def wait_for(self, count: int, within: float = 5.0) -> list[Exchange]:
+        """Wait until at least `count` exchanges were recorded; returns them all."""
+        async with asyncio.timeout(within):
+            while len(self.exchanges) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.exchanges

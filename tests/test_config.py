@@ -1,0 +1,90 @@
+"""Config: one table of keys, all documented, errors that name the key."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from proxy.config import KEYS, UPSTREAM_KEYS, Config, ConfigError, load
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
+
+
+def test_every_key_is_documented_in_the_example() -> None:
+    text = EXAMPLE.read_text()
+    documented = set(re.findall(r"^#?\s*([a-z_]+) = ", text, flags=re.MULTILINE))
+    assert set(KEYS) <= documented, f"undocumented: {set(KEYS) - documented}"
+    assert set(UPSTREAM_KEYS) <= documented
+    assert documented <= set(KEYS) | set(UPSTREAM_KEYS), "the example names unknown keys"
+
+
+def test_the_example_loads_to_the_defaults() -> None:
+    assert load(EXAMPLE, env={}) == Config()
+    assert set(tomllib.loads(EXAMPLE.read_text())) == set(KEYS) | {"upstreams"}
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('port = 9000\nhost = "0.0.0.0"\nread_timeout = 5\n')
+    config = load(path, env={"FLIGHTREC_PORT": "9100", "FLIGHTREC_STREAM_USAGE": "passthrough"})
+    assert (config.port, config.host, config.stream_usage) == (9100, "0.0.0.0", "passthrough")
+    assert config.read_timeout == 5.0
+    config = load(path, env={"FLIGHTREC_PORT": "9100"}, overrides={"port": 9200, "host": None})
+    assert (config.port, config.host) == (9200, "0.0.0.0")
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("batch_size = 7\n")
+    assert load(None, env={"FLIGHTREC_CONFIG": str(path)}).batch_size == 7
+
+
+def test_upstreams_and_their_default_prefixes(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[upstreams]]\nname = "a"\nbase_url = "http://127.0.0.1:1/v1/"\n'
+        '[[upstreams]]\nname = "groq"\nbase_url = "https://api.groq.com/openai/v1"\n'
+    )
+    a, groq = load(path, env={}).upstreams
+    assert (a.prefix, a.base_url) == ("/v1", "http://127.0.0.1:1/v1")
+    assert groq.prefix == "/groq/v1"
+    moved = load(path, env={"FLIGHTREC_UPSTREAM": "http://127.0.0.1:2/v1"}).upstreams
+    assert moved[0].base_url == "http://127.0.0.1:2/v1" and moved[1] == groq
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "names"),
+    [
+        ("prot = 1\n", {}, "prot"),
+        ('port = "high"\n', {}, "port"),
+        ("port = 70000\n", {}, "port"),
+        ('db_url = "mysql://x"\n', {}, "db_url"),
+        ('stream_usage = "always"\n', {}, "stream_usage"),
+        ("read_timeout = -1\n", {}, "read_timeout"),
+        ("", {"FLIGHTREC_PORT": "eighty"}, "FLIGHTREC_PORT"),
+        ("", {"FLIGHTREC_AUTO_UPGRADE": "maybe"}, "FLIGHTREC_AUTO_UPGRADE"),
+        ('[[upstreams]]\nname = "a"\nbase_url = "ftp://x"\n', {}, "upstreams[0].base_url"),
+        ('[[upstreams]]\nname = "a"\nbase_url = "http://x"\nurl = 1\n', {}, "upstreams[0].url"),
+        (
+            '[[upstreams]]\nname = "a"\nbase_url = "http://x"\n'
+            '[[upstreams]]\nname = "a"\nbase_url = "http://y"\n',
+            {},
+            "upstreams",
+        ),
+        ("port = \n", {}, "not valid TOML"),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], names: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path, env=env)
+    assert names in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "nope.toml", env={})
