@@ -1,0 +1,105 @@
+"""Builds the aiohttp application and runs it.
+
+The application owns two long-lived things, both in `cleanup_ctx` so they live exactly as long
+as the server: the pooled upstream `ClientSession` and the recorder. Shutdown order matters:
+stop listening, let in-flight exchanges finish (bounded by `shutdown_grace`), then close the
+recorder, which writes out everything it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from .config import Config
+from .forward import forward
+from .keys import APP_CONFIG, APP_RECORDER, APP_SESSION
+from .recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[APP_RECORDER].ready():
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "not ready: the record cannot keep up"}, status=503)
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    config = app[APP_CONFIG]
+    app[APP_SESSION] = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=config.connect_timeout, sock_read=config.read_timeout
+        ),
+        # The client's bytes go upstream as they are: no headers of aiohttp's own, no
+        # decompression (the client gets the upstream's bytes; the tee decodes for the record).
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+        auto_decompress=False,
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+    yield
+    await app[APP_SESSION].close()
+
+
+async def _recorder(app: web.Application) -> AsyncIterator[None]:
+    await app[APP_RECORDER].start()
+    yield
+    await app[APP_RECORDER].close()
+
+
+def build_app(config: Config, recorder: Recorder) -> web.Application:
+    app = web.Application(client_max_size=config.max_request_bytes)
+    app[APP_CONFIG] = config
+    app[APP_RECORDER] = recorder
+    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_recorder)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def make_runner(app: web.Application, config: Config) -> web.AppRunner:
+    return web.AppRunner(
+        app,
+        handler_cancellation=config.cancel_on_disconnect,
+        shutdown_timeout=config.shutdown_grace,
+        access_log=None,
+    )
+
+
+async def run(config: Config, recorder: Recorder | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    if recorder is None:
+        from .dbrecorder import open_recorder
+
+        recorder = await open_recorder(config)
+    runner = make_runner(build_app(config, recorder), config)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info(
+        "flightrec listening on http://%s:%d, upstreams: %s",
+        config.host,
+        config.port,
+        ", ".join(f"{u.prefix} -> {u.base_url}" for u in config.upstreams),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("stopping: finishing in-flight exchanges (up to %.0fs)", config.shutdown_grace)
+    finally:
+        await runner.cleanup()

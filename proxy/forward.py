@@ -1,0 +1,308 @@
+"""The forwarding handler: one request in, one upstream request out, the response teed back.
+
+Follow one exchange from top to bottom: `forward` matches the upstream, `_relay` sends the
+request and copies the response to the client piece by piece (each piece is written before the
+proxy looks at it), `StreamTee` parses and reassembles what went by, and the `finally` in
+`forward` hands the exchange to the recorder on every outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from yarl import URL
+
+from .config import Config, Upstream
+from .exchange import Exchange
+from .headers import control_headers, response_headers, upstream_headers
+from .keys import APP_CONFIG, APP_RECORDER, APP_SESSION
+from .tee import StreamTee
+
+log = logging.getLogger(__name__)
+
+USAGE_PATHS = ("/chat/completions", "/completions")
+"""Endpoints that accept `stream_options.include_usage`."""
+
+
+def error_body(message: str, type_: str, code: str | None = None) -> bytes:
+    """An error in OpenAI's shape, so SDKs raise their usual exception."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+def error_response(
+    status: int, message: str, type_: str, code: str | None = None, exchange_id: str | None = None
+) -> web.Response:
+    headers = {"X-Flightrec-Id": exchange_id} if exchange_id else None
+    return web.Response(
+        status=status,
+        body=error_body(message, type_, code),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def match_upstream(upstreams: tuple[Upstream, ...], raw_path: str) -> tuple[Upstream, str] | None:
+    """The upstream whose prefix is the longest match for the path, and the rest of the path.
+
+    A prefix matches whole path segments only: `/v1` serves `/v1/models`, never `/v10/models`.
+    """
+    best: tuple[Upstream, str] | None = None
+    for upstream in upstreams:
+        prefix = "" if upstream.prefix == "/" else upstream.prefix
+        rest = raw_path[len(prefix) :]
+        if not raw_path.startswith(prefix) or rest[:1] not in ("", "/", "?"):
+            continue
+        if best is None or len(prefix) > len(best[0].prefix):
+            best = (upstream, rest)
+    return best
+
+
+def key_identity(headers: Any) -> tuple[str | None, str | None]:
+    """`key_hash` (SHA-256 hex prefix) and `key_hint` of the API key; the key never leaves."""
+    key: str | None = None
+    auth = headers.get("Authorization")
+    if auth:
+        scheme, _, credentials = auth.partition(" ")
+        key = credentials.strip() if scheme.lower() == "bearer" else auth.strip()
+    key = key or headers.get("api-key") or headers.get("x-api-key")
+    if not key:
+        return None, None
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    hint = f"{key[:3]}...{key[-4:]}" if len(key) >= 12 else "..."
+    return digest, hint
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    config = request.app[APP_CONFIG]
+    raw_path = request.raw_path
+    route = match_upstream(config.upstreams, raw_path)
+    if route is None:
+        return error_response(
+            404,
+            f"flightrec: no upstream serves {request.path}",
+            "invalid_request_error",
+            "unknown_url",
+        )
+    upstream, rest = route
+    exchange = Exchange.start(request.method, request.path, request.query_string, upstream.name)
+    started = time.perf_counter()
+    try:
+        return await _relay(request, config, upstream, rest, exchange, started)
+    except asyncio.CancelledError:
+        exchange.outcome = "client_disconnected"
+        exchange.error = "client disconnected; upstream request cancelled"
+        raise
+    except Exception as exc:  # the record must survive a bug here, and the client gets a 500
+        log.exception("exchange %s failed inside the proxy", exchange.id)
+        exchange.outcome = "proxy_error"
+        exchange.error = f"{type(exc).__name__}: {exc}"
+        exchange.status = 500
+        return error_response(500, f"flightrec: {exc}", "proxy_error", None, exchange.id)
+    finally:
+        exchange.duration_ms = (time.perf_counter() - started) * 1000
+        if exchange.omit_request:
+            exchange.request_body = exchange.request_json = None
+        if exchange.omit_response:
+            exchange.response_body = exchange.response_json = None
+        request.app[APP_RECORDER].record(exchange)
+
+
+async def _relay(
+    request: web.Request,
+    config: Config,
+    upstream: Upstream,
+    rest: str,
+    exchange: Exchange,
+    started: float,
+) -> web.StreamResponse:
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        exchange.outcome = "proxy_error"
+        exchange.status = 413
+        exchange.error = f"request body larger than max_request_bytes ({config.max_request_bytes})"
+        return error_response(
+            413,
+            f"flightrec: {exchange.error}",
+            "invalid_request_error",
+            "request_too_large",
+            exchange.id,
+        )
+
+    controls = control_headers(request.headers)
+    exchange.tags = controls.tags
+    exchange.omit_request = controls.omit_request
+    exchange.omit_response = controls.omit_response
+    exchange.replay_of = controls.replay_of
+    exchange.key_hash, exchange.key_hint = key_identity(request.headers)
+    exchange.request_body = body
+
+    payload = _parse_json_body(body)
+    exchange.request_json = payload
+    injected = False
+    if isinstance(payload, dict):
+        model = payload.get("model")
+        exchange.model = model if isinstance(model, str) else None
+        exchange.stream = payload.get("stream") is True
+        user = payload.get("user") or payload.get("safety_identifier")
+        exchange.user = controls.user or (user if isinstance(user, str) else None)
+        if (
+            exchange.stream
+            and config.stream_usage == "inject"
+            and request.path.endswith(USAGE_PATHS)
+        ):
+            body, injected = _ask_for_usage(payload, body)
+    else:
+        exchange.user = controls.user
+
+    headers = upstream_headers(request.headers, identity_encoding=injected)
+    url = URL(upstream.base_url + rest, encoded=True)
+    exchange.upstream_url = str(url.with_query(None))
+    session = request.app[APP_SESSION]
+    try:
+        upstream_response = await session.request(
+            request.method,
+            url,
+            headers=headers,
+            data=body or None,
+            allow_redirects=False,
+        )
+    except TimeoutError:
+        return _unreachable(exchange, upstream, 504, "timeout", "timed out")
+    except aiohttp.ClientError as exc:
+        return _unreachable(exchange, upstream, 502, "upstream_error", f"unreachable: {exc}")
+
+    async with upstream_response:
+        exchange.ttfb_ms = (time.perf_counter() - started) * 1000
+        exchange.status = upstream_response.status
+        exchange.upstream_request_id = upstream_response.headers.get("x-request-id")
+        content_type = upstream_response.headers.get("Content-Type", "")
+        exchange.content_type = content_type or None
+        is_sse = content_type.startswith("text/event-stream")
+        exchange.stream = exchange.stream or is_sse
+        encoding = upstream_response.headers.get("Content-Encoding", "identity").lower()
+        # Withholding an event means cutting bytes out of the body, which only works uncompressed.
+        withhold = injected and is_sse and encoding in ("", "identity")
+
+        response = web.StreamResponse(
+            status=upstream_response.status, reason=upstream_response.reason
+        )
+        response.headers.extend(response_headers(upstream_response.headers, withhold))
+        response.headers["X-Flightrec-Id"] = exchange.id
+        await response.prepare(request)
+
+        tee = StreamTee(
+            exchange,
+            encoding=encoding,
+            sse=is_sse,
+            chat=request.path.endswith("/chat/completions"),
+            injected=injected,
+            withhold=withhold,
+            max_record_bytes=config.max_record_bytes,
+            started=started,
+        )
+        await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
+        if exchange.outcome == "ok" and upstream_response.status >= 400:
+            exchange.outcome = "upstream_error"
+            exchange.error = _error_text(exchange.response_json, exchange.response_body)
+        if exchange.outcome in ("upstream_disconnected", "timeout"):
+            response.force_close()  # a cut body must look cut to the client too
+        return response
+
+
+async def _pump(
+    response: web.StreamResponse,
+    upstream_response: aiohttp.ClientResponse,
+    tee: StreamTee,
+    cancel_on_disconnect: bool,
+) -> None:
+    """Copy the upstream body to the client as it arrives; the tee looks at each piece after
+    it was written, except when it must cut out the usage event the proxy asked for."""
+    exchange = tee.exchange
+    client_here = True
+
+    async def send(data: bytes) -> None:
+        nonlocal client_here
+        try:
+            await response.write(data)
+            exchange.response_bytes += len(data)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            client_here = False
+            exchange.outcome = "client_disconnected"
+            exchange.error = "client disconnected"
+
+    try:
+        async for piece in upstream_response.content.iter_any():
+            if tee.withhold:
+                out = tee.feed(piece)
+                if client_here and out:
+                    await send(out)
+            else:
+                if client_here:
+                    await send(piece)
+                tee.feed(piece)
+            if not client_here and cancel_on_disconnect:
+                exchange.error = "client disconnected; upstream request cancelled"
+                upstream_response.close()
+                break
+    except TimeoutError:
+        exchange.outcome = "timeout"
+        exchange.error = "upstream went silent mid-body (read_timeout)"
+    except aiohttp.ClientPayloadError as exc:
+        exchange.outcome = "upstream_disconnected"
+        exchange.error = f"upstream body broken: {exc}"
+    except aiohttp.ClientConnectionError as exc:
+        exchange.outcome = "upstream_disconnected"
+        exchange.error = f"upstream connection lost: {exc}"
+    finally:
+        rest = tee.close()
+    if rest and client_here:
+        await send(rest)
+
+
+def _unreachable(
+    exchange: Exchange, upstream: Upstream, status: int, outcome: Any, what: str
+) -> web.Response:
+    exchange.status = status
+    exchange.outcome = outcome
+    exchange.error = f"upstream {upstream.name!r} ({upstream.base_url}) {what}"
+    type_ = "upstream_timeout" if status == 504 else "upstream_unreachable"
+    return error_response(status, f"flightrec: {exchange.error}", type_, None, exchange.id)
+
+
+def _parse_json_body(body: bytes) -> Any:
+    if not body or body[:1] not in (b"{", b"["):
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _ask_for_usage(payload: dict[str, Any], body: bytes) -> tuple[bytes, bool]:
+    """The body with `stream_options.include_usage` set, unless the client asked already."""
+    options = payload.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return body, False
+    return orjson.dumps({**payload, "stream_options": {**options, "include_usage": True}}), True
+
+
+def _error_text(response_json: Any, response_body: bytes | None) -> str | None:
+    if isinstance(response_json, dict):
+        error = response_json.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if error is not None:
+            return orjson.dumps(error).decode()
+    if response_body:
+        return response_body[:1000].decode("utf-8", "replace")
+    return None

@@ -1,0 +1,108 @@
+"""Which headers cross the proxy, in each direction, and what the control headers say."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+CONTROL_PREFIX = "x-flightrec-"
+SUPPORTED_ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
+"""Content encodings the proxy can decode for the record; others are not offered upstream."""
+
+Headers = CIMultiDictProxy[str] | CIMultiDict[str]
+
+
+def _connection_tokens(headers: Headers) -> set[str]:
+    tokens: set[str] = set()
+    for value in headers.getall("Connection", []):
+        tokens.update(token.strip().lower() for token in value.split(","))
+    return tokens
+
+
+def _end_to_end(headers: Headers, drop: frozenset[str]) -> Iterator[tuple[str, str]]:
+    listed = _connection_tokens(headers)
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in listed or lower in drop:
+            continue
+        yield name, value
+
+
+def _accept_encoding(value: str) -> str:
+    """Keep only the codings the record can decode, so the record is right for any upstream."""
+    kept = []
+    for part in value.split(","):
+        coding = part.split(";")[0].strip().lower()
+        if coding in SUPPORTED_ENCODINGS or coding == "identity":
+            kept.append(part.strip())
+    return ", ".join(kept) or "identity"
+
+
+def upstream_headers(headers: Headers, *, identity_encoding: bool) -> CIMultiDict[str]:
+    """The client's headers as the upstream gets them: less hop-by-hop, Host, length, controls.
+
+    `identity_encoding` asks for an uncompressed body: the proxy must cut an event out of it.
+    """
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in _end_to_end(headers, frozenset({"host", "content-length"})):
+        lower = name.lower()
+        if lower.startswith(CONTROL_PREFIX):
+            continue
+        if lower == "accept-encoding":
+            value = "identity" if identity_encoding else _accept_encoding(value)
+        out.add(name, value)
+    if identity_encoding and "Accept-Encoding" not in out:
+        out["Accept-Encoding"] = "identity"
+    return out
+
+
+def response_headers(headers: Headers, length_changes: bool) -> Iterator[tuple[str, str]]:
+    """The upstream's headers as the client gets them: less hop-by-hop (and the length, when
+    the proxy withholds an event and so changes it)."""
+    drop = frozenset({"content-length"}) if length_changes else frozenset()
+    return _end_to_end(headers, drop)
+
+
+@dataclass(slots=True)
+class Controls:
+    tags: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    omit_request: bool = False
+    omit_response: bool = False
+    replay_of: str | None = None
+
+
+def control_headers(headers: Headers) -> Controls:
+    """Read the `X-Flightrec-*` headers (SPEC section 2); they never reach the upstream."""
+    controls = Controls()
+    for name, value in headers.items():
+        lower = name.lower()
+        if not lower.startswith(CONTROL_PREFIX):
+            continue
+        what = lower[len(CONTROL_PREFIX) :]
+        if what.startswith("tag-") and len(what) > 4:
+            controls.tags[what[4:]] = value
+        elif what == "user":
+            controls.user = value or None
+        elif what == "omit":
+            parts = {p.strip().lower() for p in value.split(",")}
+            controls.omit_request = bool(parts & {"request", "all"})
+            controls.omit_response = bool(parts & {"response", "all"})
+        elif what == "replay-of":
+            controls.replay_of = value or None
+    return controls

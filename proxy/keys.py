@@ -1,0 +1,13 @@
+"""Typed keys for what the application holds (aiohttp `AppKey`)."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from .config import Config
+from .recorder import Recorder
+
+APP_CONFIG = web.AppKey("config", Config)
+APP_RECORDER = web.AppKey("recorder", Recorder)
+APP_SESSION = web.AppKey("session", aiohttp.ClientSession)

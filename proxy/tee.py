@@ -1,0 +1,270 @@
+"""What the proxy does with the response bytes once they are on their way to the client.
+
+`StreamTee` decompresses (for the record only: the client gets the upstream's bytes), parses
+Server-Sent Events, reassembles chat completions and fills the exchange. It does no I/O, so the
+forwarder stays a plain copy loop. The one time it must look before the client gets the bytes
+is when the proxy asked for stream usage itself: then `Withholder` cuts exactly that usage event
+out of the stream and releases everything else up to the start of the event being received.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import orjson
+
+from .assemble import ChatAssembler
+from .exchange import Exchange
+from .sse import Event, SSEParser
+
+USAGE_ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses")
+DONE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+"""Responses API events that end a stream (it sends no `[DONE]`)."""
+
+
+class Decoder:
+    """Incremental gzip/deflate decompression of a body, for the record."""
+
+    def __init__(self, encoding: str) -> None:
+        self._encoding = encoding
+        self._z: Any = None
+
+    @classmethod
+    def for_encoding(cls, encoding: str) -> Decoder | None:
+        return None if encoding in ("", "identity") else cls(encoding)
+
+    def feed(self, data: bytes) -> bytes:
+        if self._z is None:
+            if self._encoding in ("gzip", "x-gzip"):
+                wbits = 16 + zlib.MAX_WBITS
+            else:  # "deflate" is meant to be zlib-wrapped, but servers send raw deflate too
+                wbits = zlib.MAX_WBITS if data[:1] and data[0] & 0x0F == 8 else -zlib.MAX_WBITS
+            self._z = zlib.decompressobj(wbits)
+        return bytes(self._z.decompress(data))
+
+    def flush(self) -> bytes:
+        return bytes(self._z.flush()) if self._z is not None else b""
+
+
+class Withholder:
+    """Holds the bytes of the event being received, and drops the events it is told to."""
+
+    def __init__(self) -> None:
+        self._held = bytearray()
+        self._base = 0
+        """Stream offset of `_held[0]`."""
+        self._skip_lf = False
+        """A dropped event ended on CR; an LF right after it belongs to it (CRLF cut in two)."""
+
+    def release(self, piece: bytes, drops: list[tuple[int, int]], safe: int) -> bytes:
+        self._held += piece
+        out = bytearray()
+        for start, end in drops:
+            out += self._take(start)
+            dropped = self._held[: end - self._base]
+            del self._held[: end - self._base]
+            self._base = end
+            self._skip_lf = dropped.endswith(b"\r")
+        out += self._take(safe)
+        return bytes(out)
+
+    def _take(self, upto: int) -> bytes:
+        n = upto - self._base
+        if n <= 0:
+            return b""
+        taken = bytes(self._held[:n])
+        del self._held[:n]
+        self._base = upto
+        if self._skip_lf:
+            self._skip_lf = False
+            if taken.startswith(b"\n"):
+                taken = taken[1:]
+        return taken
+
+
+class StreamTee:
+    def __init__(
+        self,
+        exchange: Exchange,
+        *,
+        encoding: str,
+        sse: bool,
+        chat: bool,
+        injected: bool,
+        withhold: bool,
+        max_record_bytes: int,
+        started: float,
+    ) -> None:
+        self.exchange = exchange
+        self.withhold = withhold
+        self._injected = injected
+        self._started = started
+        self._max = max_record_bytes
+        self._readable = encoding in ("", "identity", "gzip", "x-gzip", "deflate")
+        self._decoder = Decoder.for_encoding(encoding) if self._readable else None
+        if not self._readable:
+            self._problem(
+                f"response Content-Encoding {encoding!r} cannot be decoded for the record"
+            )
+        self._sse = SSEParser() if sse else None
+        self._assembler = ChatAssembler() if sse and chat else None
+        self._withholder = Withholder() if withhold else None
+        self._body = bytearray()
+        self._body_full = False
+        self._events: list[Any] = []
+        self._events_size = 0
+        self._done = False
+        self._stream_error: Any = None
+        self._usage: dict[str, Any] | None = None
+
+    def feed(self, piece: bytes) -> bytes:
+        """Look at the next piece of the body; returns the bytes the client may have now."""
+        data = piece
+        if self._decoder is not None:
+            try:
+                data = self._decoder.feed(piece)
+            except zlib.error as exc:
+                self._problem(f"response body could not be decompressed: {exc}")
+                self._decoder = None
+                self._readable = False
+        if not self._readable:
+            return piece
+        if self._sse is None:
+            self._capture(data)
+            return piece
+        drops = self._on_events(self._sse.feed(data))
+        if self._withholder is None:
+            return piece
+        safe = self._sse.pending_start
+        return self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
+
+    def close(self) -> bytes:
+        """The body has ended (or broken): finish the record; returns bytes still held."""
+        rest = b""
+        if self._readable and self._decoder is not None:
+            try:
+                tail = self._decoder.flush()
+            except zlib.error as exc:
+                self._problem(f"response body could not be decompressed: {exc}")
+                tail = b""
+            if self._sse is None:
+                self._capture(tail)
+            elif tail:
+                self._on_events(self._sse.feed(tail))
+        if self._sse is not None and self._readable:
+            drops = self._on_events(self._sse.flush())
+            if self._withholder is not None:
+                rest = self._withholder.release(b"", drops, self._sse.offset)
+        self._finish_record()
+        return rest
+
+    def _on_events(self, events: list[Event]) -> list[tuple[int, int]]:
+        drops: list[tuple[int, int]] = []
+        exchange = self.exchange
+        for event in events:
+            exchange.chunks += 1
+            data = event.data
+            if data == b"[DONE]":
+                self._done = True
+                continue
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                self._problem(f"event {exchange.chunks}: data is not JSON: {data[:120]!r}")
+                continue
+            if not isinstance(chunk, dict):
+                self._problem(f"event {exchange.chunks}: data is not a JSON object")
+                continue
+            if chunk.get("error") is not None or chunk.get("type") == "error":
+                self._stream_error = chunk.get("error") or chunk
+            if self._assembler is not None:
+                if self._assembler.add(chunk) and exchange.ttft_ms is None:
+                    exchange.ttft_ms = (time.perf_counter() - self._started) * 1000
+            else:
+                self._generic_event(chunk, len(data))
+            if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):
+                drops.append((event.start, event.end))
+        return drops
+
+    def _generic_event(self, chunk: dict[str, Any], size: int) -> None:
+        """Streams other than chat completions: keep the events, find usage and the end."""
+        if self.exchange.ttft_ms is None:
+            self.exchange.ttft_ms = (time.perf_counter() - self._started) * 1000
+        usage = chunk.get("usage")
+        kind = chunk.get("type")
+        if kind in DONE_EVENTS:
+            self._done = True
+            response = chunk.get("response")
+            if isinstance(response, dict):
+                usage = response.get("usage") or usage
+                if kind == "response.failed" and response.get("error"):
+                    self._stream_error = response["error"]
+        if isinstance(usage, dict):
+            self._usage = usage
+        if self._events_size + size <= self._max:
+            self._events.append(chunk)
+            self._events_size += size
+        elif self._events_size <= self._max:
+            self._events_size = self._max + 1
+            self._problem("stream larger than max_record_bytes: later events not recorded")
+
+    def _capture(self, data: bytes) -> None:
+        if self._body_full or not data:
+            return
+        if len(self._body) + len(data) > self._max:
+            self._body_full = True
+            self._problem("response body larger than max_record_bytes: not recorded")
+            return
+        self._body += data
+
+    def _finish_record(self) -> None:
+        exchange = self.exchange
+        result: Any = None
+        if self._assembler is not None:
+            result = self._assembler.result()
+            self._usage = self._assembler.usage
+        elif self._sse is not None:
+            result = self._events
+        elif self._body and not self._body_full:
+            exchange.response_body = bytes(self._body)
+            if "json" in (exchange.content_type or ""):
+                try:
+                    result = orjson.loads(self._body)
+                except orjson.JSONDecodeError:
+                    self._problem("response body is not valid JSON")
+        exchange.response_json = result
+        if isinstance(result, dict):
+            if self._sse is None and isinstance(result.get("usage"), dict):
+                self._usage = result["usage"]
+            model = result.get("model")
+            exchange.response_model = model if isinstance(model, str) else None
+            fingerprint = result.get("system_fingerprint")
+            exchange.system_fingerprint = fingerprint if isinstance(fingerprint, str) else None
+
+        exchange.usage = self._usage
+        if self._usage is not None:
+            exchange.usage_source = "injected" if self._injected else "reported"
+        elif exchange.path.endswith(USAGE_ENDPOINTS) and (exchange.status or 0) < 400:
+            exchange.usage_source = "missing"
+
+        if exchange.outcome != "ok":
+            return
+        if self._stream_error is not None:
+            exchange.outcome = "stream_error"
+            error = self._stream_error
+            message = error.get("message") if isinstance(error, dict) else None
+            exchange.error = message if isinstance(message, str) else orjson.dumps(error).decode()
+        elif (
+            self._sse is not None
+            and self._readable
+            and not self._done
+            and exchange.path.endswith((*USAGE_ENDPOINTS[:2], "/responses"))
+        ):
+            exchange.outcome = "upstream_disconnected"
+            exchange.error = "stream ended without its final event ([DONE])"
+
+    def _problem(self, text: str) -> None:
+        if len(self.exchange.parse_errors) < 20:
+            self.exchange.parse_errors.append(text)

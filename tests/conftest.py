@@ -1,0 +1,208 @@
+"""Real parts for the tests: a fake OpenAI upstream (a real aiohttp app on a free port) and the
+real proxy, built by `proxy.app` exactly as `flightrec serve` builds it, on another free port."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.app import build_app, make_runner
+from proxy.config import Config, Upstream
+from proxy.recorder import MemoryRecorder
+
+from .streamgen import chunks_to_sse, completion_to_chunks
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures" / "openai-python"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def completion(**overrides: Any) -> dict[str, Any]:
+    """A plain non-streaming chat completion, with multi-byte UTF-8 in its content."""
+    base: dict[str, Any] = {
+        "id": "chatcmpl-test1",
+        "object": "chat.completion",
+        "created": 1_723_024_748,
+        "model": "gpt-4o-mini-2024-07-18",
+        "system_fingerprint": "fp_test",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "Héllo wörld — 世界 🚀!",
+                    "refusal": None,
+                },
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21},
+    }
+    base.update(overrides)
+    return base
+
+
+@dataclass
+class Seen:
+    method: str
+    path_qs: str
+    headers: dict[str, str]
+    body: bytes
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class FakeUpstream:
+    """An OpenAI-like upstream. Chat completions answer with `completion`, streamed as OpenAI
+    streams it (or as the exact `sse_body` bytes), written in `piece_size` pieces."""
+
+    completion: dict[str, Any] = field(default_factory=completion)
+    sse_body: bytes | None = None
+    piece_size: int | None = None
+    pause: float = 0.0
+    compress: bool = False
+    seen: list[Seen] = field(default_factory=list)
+    sent: bytearray = field(default_factory=bytearray)
+    """The body bytes of the last response, as written."""
+    override: Handler | None = None
+    url: str = ""
+
+    def stream_body(self, include_usage: bool) -> bytes:
+        if self.sse_body is not None:
+            return self.sse_body
+        chunks = completion_to_chunks(
+            self.completion, include_usage=include_usage, rng=random.Random(7)
+        )
+        return chunks_to_sse(chunks)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
+        if self.override is not None:
+            return await self.override(request)
+        path = request.path
+        if path == "/v1/chat/completions":
+            payload = orjson.loads(body)
+            if payload.get("stream"):
+                options = payload.get("stream_options") or {}
+                data = self.stream_body(bool(options.get("include_usage")))
+                return await self._write(request, data, "text/event-stream")
+            return await self._write(request, orjson.dumps(self.completion), "application/json")
+        if path == "/v1/models":
+            models = {"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]}
+            return await self._write(request, orjson.dumps(models), "application/json")
+        if path == "/v1/embeddings":
+            answer = {
+                "object": "list",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
+                "model": "text-embedding-3-small",
+                "usage": {"prompt_tokens": 5, "total_tokens": 5},
+            }
+            return await self._write(request, orjson.dumps(answer), "application/json")
+        error = {
+            "error": {
+                "message": "Unknown",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        return web.Response(status=404, body=orjson.dumps(error), content_type="application/json")
+
+    async def _write(
+        self, request: web.Request, data: bytes, content_type: str
+    ) -> web.StreamResponse:
+        self.sent = bytearray()
+        response = web.StreamResponse(
+            headers={"Content-Type": content_type, "x-request-id": "req_fake123"}
+        )
+        if self.compress:
+            data = gzip.compress(data)
+            response.headers["Content-Encoding"] = "gzip"
+        if content_type == "application/json" and not self.piece_size:
+            response.content_length = len(data)
+        await response.prepare(request)
+        size = self.piece_size or len(data) or 1
+        for start in range(0, len(data), size):
+            piece = data[start : start + size]
+            await response.write(piece)
+            self.sent += piece
+            if self.pause:
+                await asyncio.sleep(self.pause)
+        await response.write_eof()
+        return response
+
+
+async def _serve(app: web.Application, runner: web.AppRunner | None = None) -> tuple[str, Any]:
+    runner = runner or web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return f"http://127.0.0.1:{port}", runner
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    fake = FakeUpstream()
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_route("*", "/{tail:.*}", fake.handle)
+    url, runner = await _serve(app)
+    fake.url = url + "/v1"
+    yield fake
+    await runner.cleanup()
+
+
+@dataclass
+class RunningProxy:
+    url: str
+    """Root URL; the OpenAI base_url is `url + "/v1"`."""
+    recorder: MemoryRecorder
+    config: Config
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+
+ProxyFactory = Callable[..., Awaitable[RunningProxy]]
+
+
+@pytest.fixture
+async def make_proxy(upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
+    runners: list[web.AppRunner] = []
+
+    async def start(**overrides: Any) -> RunningProxy:
+        upstreams = overrides.pop("upstreams", (Upstream("openai", upstream.url, "/v1"),))
+        config = replace(Config(), upstreams=upstreams, **overrides)
+        recorder = MemoryRecorder()
+        app = build_app(config, recorder)
+        url, runner = await _serve(app, make_runner(app, config))
+        runners.append(runner)
+        return RunningProxy(url, recorder, config)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory) -> RunningProxy:
+    return await make_proxy()

@@ -1,0 +1,171 @@
+"""The drop-in promise: through the proxy, the real openai SDK gets exactly what it gets direct,
+and the recorder gets the complete exchange."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from .conftest import FakeUpstream, RunningProxy, completion
+
+KEY = "sk-test-0123456789abcdefWXYZ"
+MESSAGES = [{"role": "user", "content": "Say hello"}]
+
+
+def _logprob(token: str, top: int) -> dict[str, Any]:
+    entry = {"token": token, "logprob": -0.25, "bytes": list(token.encode())}
+    alts = [{"token": f"{token}{i}", "logprob": -1.5 - i, "bytes": None} for i in range(top)]
+    return {**entry, "top_logprobs": alts}
+
+
+def _choice(index: int, **message: Any) -> dict[str, Any]:
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    logprobs = message.pop("logprobs", None)
+    body = {"role": "assistant", "content": None, "refusal": None, **message}
+    return {"index": index, "message": body, "logprobs": logprobs, "finish_reason": finish}
+
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "plain": completion(),
+    "n3": completion(
+        choices=[_choice(i, content=f"Answer {i}: ünïcode 世界 {'!' * i}") for i in range(3)]
+    ),
+    "parallel_tools": completion(
+        choices=[
+            _choice(
+                0,
+                tool_calls=[
+                    {
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                    {
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "get_stock", "arguments": '{"ticker": "AAPL"}'},
+                    },
+                ],
+            )
+        ]
+    ),
+    "logprobs": completion(
+        choices=[
+            _choice(
+                0,
+                content="Foo bar.",
+                logprobs={
+                    "content": [_logprob(t, 2) for t in ("Foo", " bar", ".")],
+                    "refusal": None,
+                },
+            )
+        ]
+    ),
+    "refusal": completion(
+        choices=[_choice(0, refusal="I'm sorry, I can't help with that.")],
+        usage={
+            "prompt_tokens": 17,
+            "completion_tokens": 11,
+            "total_tokens": 28,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+        },
+    ),
+}
+
+
+async def _sdk_results(
+    base_url: str, *, sync: bool, stream: bool, include_usage: bool
+) -> list[dict[str, Any]]:
+    kwargs: dict[str, Any] = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    if stream:
+        kwargs["stream"] = True
+        if include_usage:
+            kwargs["stream_options"] = {"include_usage": True}
+    if sync:
+
+        def call() -> list[dict[str, Any]]:
+            client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+            result = client.chat.completions.create(**kwargs)
+            if stream:
+                return [chunk.model_dump() for chunk in result]
+            return [result.model_dump()]
+
+        return await asyncio.to_thread(call)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+    result = await client.chat.completions.create(**kwargs)
+    if stream:
+        return [chunk.model_dump() async for chunk in result]
+    return [result.model_dump()]
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    ("stream", "include_usage"),
+    [(False, False), (True, False), (True, True)],
+    ids=["json", "stream", "stream+usage"],
+)
+async def test_sdk_sees_what_it_sees_direct(
+    upstream: FakeUpstream,
+    proxy: RunningProxy,
+    scenario: str,
+    sync: bool,
+    stream: bool,
+    include_usage: bool,
+) -> None:
+    upstream.completion = SCENARIOS[scenario]
+    direct = await _sdk_results(upstream.url, sync=sync, stream=stream, include_usage=include_usage)
+    through = await _sdk_results(
+        proxy.base_url, sync=sync, stream=stream, include_usage=include_usage
+    )
+    assert through == direct
+    if include_usage:
+        expected = openai.types.CompletionUsage.model_validate(SCENARIOS[scenario]["usage"])
+        assert through[-1]["usage"] == expected.model_dump()
+
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == "ok" and exchange.status == 200
+    assert exchange.stream is stream
+    # Streamed or not, the record holds the chat.completion a non-streaming call returns,
+    # usage included even when the client did not ask for it.
+    assert exchange.response_json == SCENARIOS[scenario]
+    assert exchange.usage == SCENARIOS[scenario]["usage"]
+    expected_source = "injected" if stream and not include_usage else "reported"
+    assert exchange.usage_source == expected_source
+    assert exchange.model == "gpt-4o-mini"
+    assert exchange.response_model == "gpt-4o-mini-2024-07-18"
+    assert exchange.system_fingerprint == "fp_test"
+    assert exchange.key_hint == "sk-...WXYZ" and KEY not in repr(exchange)
+    assert exchange.upstream_request_id == "req_fake123"
+    assert exchange.parse_errors == []
+    if stream:
+        assert exchange.chunks == len(upstream.sent.split(b"\n\n")) - 1
+        assert exchange.ttft_ms is not None and exchange.ttft_ms >= exchange.ttfb_ms
+
+
+async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    proxy = await make_proxy()
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+    async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+        pass
+    assert b'"stream_options":{"include_usage":true}' in upstream.seen[-1].body
+
+    passthrough = await make_proxy(stream_usage="passthrough")
+    client = openai.AsyncOpenAI(base_url=passthrough.base_url, api_key=KEY)
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        )
+    ]
+    assert b"stream_options" not in upstream.seen[-1].body
+    assert all(c.usage is None for c in chunks)
+    [exchange] = await passthrough.recorder.wait_for(1)
+    assert exchange.usage is None and exchange.usage_source == "missing"
+    assert exchange.response_json["choices"] == upstream.completion["choices"]

@@ -1,0 +1,232 @@
+"""Everything that is not a chat completion passes through unchanged, and failures are OpenAI-
+shaped: routing, headers, other endpoints, upstream errors, compression, limits, health."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.config import Upstream
+
+from .conftest import FakeUpstream, RunningProxy, free_port
+
+KEY = "sk-live-SECRET-abcdef123456"
+
+
+async def _get(url: str, **kwargs: Any) -> tuple[int, Any, bytes]:
+    method = kwargs.pop("method", "GET")
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.request(method, url, **kwargs) as response,
+    ):
+        return response.status, response.headers.copy(), await response.read()
+
+
+async def test_models_and_embeddings_pass_through(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+    direct = openai.AsyncOpenAI(base_url=upstream.url, api_key=KEY)
+    assert (await client.models.list()).model_dump() == (await direct.models.list()).model_dump()
+    embedding = await client.embeddings.create(model="text-embedding-3-small", input="hi")
+    assert embedding.data[0].embedding == [0.25, -0.5]
+    exchanges = await proxy.recorder.wait_for(2)
+    models, embed = exchanges
+    assert (models.method, models.path, models.status) == ("GET", "/v1/models", 200)
+    assert models.usage_source is None
+    assert embed.usage == {"prompt_tokens": 5, "total_tokens": 5}
+    assert embed.usage_source == "reported" and embed.model == "text-embedding-3-small"
+
+
+async def test_headers_query_and_control_headers(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    status, headers, _ = await _get(
+        proxy.base_url + "/models?limit=2&after=a%20b",
+        headers={
+            "Authorization": f"Bearer {KEY}",
+            "X-Flightrec-Tag-Team": "search",
+            "X-Flightrec-Tag-Env": "prod",
+            "X-Flightrec-User": "alice",
+            "OpenAI-Organization": "org-1",
+            "Connection": "keep-alive, X-Hop",
+            "X-Hop": "dropped",
+        },
+    )
+    assert status == 200
+    seen = upstream.seen[-1]
+    assert seen.path_qs == "/v1/models?limit=2&after=a%20b"
+    lowered = {k.lower(): v for k, v in seen.headers.items()}
+    assert lowered["authorization"] == f"Bearer {KEY}"
+    assert lowered["openai-organization"] == "org-1"
+    assert not any(k.startswith("x-flightrec-") for k in lowered)
+    assert "x-hop" not in lowered
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert headers["X-Flightrec-Id"] == exchange.id
+    assert headers["x-request-id"] == "req_fake123"
+    assert exchange.tags == {"team": "search", "env": "prod"}
+    assert exchange.user == "alice"
+    assert exchange.key_hint == "sk-...3456" and len(exchange.key_hash or "") == 16
+    assert KEY not in repr(exchange)
+
+
+async def test_user_falls_back_to_body_and_omit_drops_bodies(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+    await client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "x"}], user="bob"
+    )
+    await client.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "private"}],
+        extra_headers={"X-Flightrec-Omit": "all"},
+    )
+    first, second = await proxy.recorder.wait_for(2)
+    assert first.user == "bob"
+    assert second.request_body is None and second.request_json is None
+    assert second.response_body is None and second.response_json is None
+    assert second.usage == upstream.completion["usage"] and second.model == "gpt-4o"
+
+
+async def test_upstream_error_passes_through_with_headers_and_body(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    body = orjson.dumps(
+        {
+            "error": {
+                "message": "Rate limit reached",
+                "type": "requests",
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        }
+    )
+
+    async def limited(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            status=429,
+            body=body,
+            content_type="application/json",
+            headers={"retry-after": "7", "x-ratelimit-remaining-requests": "0"},
+        )
+
+    upstream.override = limited
+    status, headers, received = await _get(
+        proxy.base_url + "/chat/completions", method="POST", json={"model": "m"}
+    )
+    assert (status, received) == (429, body)
+    assert headers["retry-after"] == "7" and headers["x-ratelimit-remaining-requests"] == "0"
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+        await client.chat.completions.create(model="m", messages=[])
+    exchange = (await proxy.recorder.wait_for(2))[0]
+    assert exchange.outcome == "upstream_error" and exchange.error == "Rate limit reached"
+    assert exchange.status == 429 and exchange.usage_source is None
+
+
+def _assert_openai_error(body: bytes, type_: str | None = None) -> dict[str, Any]:
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if type_:
+        assert error["type"] == type_
+    return dict(error)
+
+
+async def test_unknown_path_is_404_in_openai_shape(proxy: RunningProxy) -> None:
+    status, _, body = await _get(proxy.url + "/other/thing")
+    assert status == 404
+    assert "/other/thing" in _assert_openai_error(body, "invalid_request_error")["message"]
+    status, _, _ = await _get(proxy.url + "/v10/models")  # a prefix is a path segment
+    assert status == 404
+
+
+async def test_dead_upstream_is_502_and_recorded(make_proxy: Any) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    proxy = await make_proxy(upstreams=(Upstream("deadone", dead, "/v1"),))
+    status, headers, body = await _get(proxy.base_url + "/models")
+    assert status == 502
+    assert "deadone" in _assert_openai_error(body)["message"]
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == "upstream_error" and headers["X-Flightrec-Id"] == exchange.id
+    assert "deadone" in (exchange.error or "")
+
+
+async def test_silent_upstream_is_504_and_recorded(upstream: FakeUpstream, make_proxy: Any) -> None:
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    upstream.override = silent
+    proxy = await make_proxy(read_timeout=0.3)
+    status, _, body = await _get(proxy.base_url + "/models")
+    assert status == 504
+    assert "openai" in _assert_openai_error(body, "upstream_timeout")["message"]
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == "timeout" and exchange.status == 504
+
+
+async def test_request_over_the_limit_is_413(upstream: FakeUpstream, make_proxy: Any) -> None:
+    proxy = await make_proxy(max_request_bytes=1000)
+    status, _, body = await _get(
+        proxy.base_url + "/chat/completions", method="POST", data=b"{" + b" " * 2000 + b"}"
+    )
+    assert status == 413
+    _assert_openai_error(body, "invalid_request_error")
+    assert upstream.seen == []
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.status == 413 and exchange.outcome == "proxy_error"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_compressed_upstream_is_relayed_raw_and_recorded_decoded(
+    upstream: FakeUpstream, proxy: RunningProxy, stream: bool
+) -> None:
+    upstream.compress = True
+    body: dict[str, Any] = {"model": "m", "messages": [], "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}  # nothing to cut: relayed as is
+    status, headers, received = await _get(
+        proxy.base_url + "/chat/completions",
+        method="POST",
+        json=body,
+        headers={"Accept-Encoding": "gzip, br, zstd"},
+    )
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert received == bytes(upstream.sent)
+    assert upstream.seen[-1].headers["Accept-Encoding"] == "gzip"  # only what we can decode
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.response_json == upstream.completion
+    if not stream:
+        assert exchange.response_body == gzip.decompress(received)
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+    answer = await client.chat.completions.create(model="m", messages=[])
+    assert (
+        answer.choices[0].message.content == upstream.completion["choices"][0]["message"]["content"]
+    )
+
+
+async def test_several_upstreams_by_prefix(upstream: FakeUpstream, make_proxy: Any) -> None:
+    proxy = await make_proxy(
+        upstreams=(
+            Upstream("openai", upstream.url, "/v1"),
+            Upstream("local", upstream.url, "/local/v1"),
+        )
+    )
+    await _get(proxy.url + "/local/v1/models")
+    assert upstream.seen[-1].path_qs == "/v1/models"
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.upstream == "local"
+
+
+async def test_health_endpoints(proxy: RunningProxy) -> None:
+    assert (await _get(proxy.url + "/healthz"))[0] == 200
+    status, _, body = await _get(proxy.url + "/readyz")
+    assert status == 200 and orjson.loads(body)["status"] == "ready"

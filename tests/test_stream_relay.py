@@ -1,0 +1,284 @@
+"""The tee: bytes through the proxy are the upstream's bytes, as soon as they arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from .conftest import CAPTURES, FakeUpstream, RunningProxy
+from .streamgen import chunks_to_sse
+
+UTF8_HEAVY = "Ünïcödé — 世界の皆さん、こんにちは 🚀🎉 ½ ∑ ñ"
+
+
+def _request(stream: bool = True, include_usage: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}
+    if stream:
+        body["stream"] = True
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _post_raw(base_url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.post(base_url + "/chat/completions", json=body) as response,
+    ):
+        return response.status, dict(response.headers), await response.read()
+
+
+def _less_usage_event(body: bytes) -> bytes:
+    """The SSE body without its usage-only event (`"choices":[]` with a usage object)."""
+    events = body.split(b"\n\n")
+    kept = [e for e in events if not (b'"choices":[]' in e and b'"usage":{' in e)]
+    assert len(kept) == len(events) - 1, "expected exactly one usage event"
+    return b"\n\n".join(kept)
+
+
+@pytest.mark.parametrize("piece_size", [1, 7, None])
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_stream_bytes_are_the_upstreams(
+    upstream: FakeUpstream, proxy: RunningProxy, piece_size: int | None, include_usage: bool
+) -> None:
+    upstream.completion["choices"][0]["message"]["content"] = UTF8_HEAVY * 3
+    upstream.piece_size = piece_size
+    status, headers, received = await _post_raw(proxy.base_url, _request(True, include_usage))
+    assert status == 200
+    sent = bytes(upstream.sent)
+    assert b'"usage":{' in sent  # the proxy asked for usage either way
+    assert received == (sent if include_usage else _less_usage_event(sent))
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert headers["X-Flightrec-Id"] == exchange.id
+    assert exchange.response_bytes == len(received)
+    assert exchange.response_json["choices"][0]["message"]["content"] == UTF8_HEAVY * 3
+
+
+@pytest.mark.parametrize("piece_size", [1, None])
+async def test_json_bytes_are_the_upstreams(
+    upstream: FakeUpstream, proxy: RunningProxy, piece_size: int | None
+) -> None:
+    upstream.completion["choices"][0]["message"]["content"] = UTF8_HEAVY
+    upstream.piece_size = piece_size
+    status, _, received = await _post_raw(proxy.base_url, _request(stream=False))
+    assert status == 200 and received == bytes(upstream.sent)
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.response_json == upstream.completion
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_first_event_reaches_client_before_upstream_sends_the_second(
+    upstream: FakeUpstream, proxy: RunningProxy, include_usage: bool
+) -> None:
+    release = asyncio.Event()
+    first = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",'
+    first += b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"}}]}\n\n'
+    second = b'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+
+    async def paused(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        await asyncio.wait_for(release.wait(), 10)  # only the client can release it
+        await response.write(second + b"data: [DONE]\n\n")
+        return response
+
+    upstream.override = paused
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            proxy.base_url + "/chat/completions", json=_request(True, include_usage)
+        ) as response,
+    ):
+        got = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+        assert got == first
+        release.set()
+        rest = await response.read()
+    assert rest == second + b"data: [DONE]\n\n"
+
+
+async def test_client_disconnect_cancels_upstream_and_records_partial(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    closed_at: list[float] = []
+    first = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",'
+    first += b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Partial"}}]}\n\n'
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        try:
+            await asyncio.sleep(30)
+        finally:  # cancelled when the proxy drops the upstream connection
+            closed_at.append(time.monotonic())
+        return response
+
+    upstream.override = endless
+    session = aiohttp.ClientSession()
+    response = await session.post(proxy.base_url + "/chat/completions", json=_request())
+    assert await response.content.readuntil(b"\n\n") == first
+    left_at = time.monotonic()
+    response.close()
+    await session.close()
+
+    [exchange] = await proxy.recorder.wait_for(1, within=5)
+    assert exchange.outcome == "client_disconnected"
+    assert exchange.response_json["choices"][0]["message"]["content"] == "Partial"
+    for _ in range(50):
+        if closed_at:
+            break
+        await asyncio.sleep(0.02)
+    assert closed_at and closed_at[0] - left_at < 1.0
+
+
+async def test_client_disconnect_without_cancel_records_the_whole_completion(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    """With cancel_on_disconnect = false the proxy reads on: the user pays for those tokens."""
+    proxy = await make_proxy(cancel_on_disconnect=False)
+    upstream.completion["choices"][0]["message"]["content"] = "word " * 200
+    upstream.piece_size = 64
+    upstream.pause = 0.002
+    session = aiohttp.ClientSession()
+    response = await session.post(proxy.base_url + "/chat/completions", json=_request())
+    await response.content.readuntil(b"\n\n")
+    response.close()
+    await session.close()
+    [exchange] = await proxy.recorder.wait_for(1, within=10)
+    assert exchange.outcome == "client_disconnected"
+    assert exchange.response_json["choices"][0]["message"]["content"] == "word " * 200
+    assert exchange.usage == upstream.completion["usage"]
+
+
+def _captures() -> list[Any]:
+    if not CAPTURES.is_dir():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{CAPTURES} not present"))]
+    return [pytest.param(p, id=p.stem) for p in sorted(CAPTURES.glob("*.sse"))]
+
+
+def _sdk_accumulate(body: bytes) -> Any:
+    """What the openai SDK's own accumulator builds from these SSE bytes."""
+    from openai.lib.streaming.chat._completions import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    state: Any = ChatCompletionStreamState()
+    for block in body.split(b"\n\n"):
+        data = block.removeprefix(b"data: ")
+        if block and data != b"[DONE]":
+            state.handle_chunk(ChatCompletionChunk.model_validate(orjson.loads(data)))
+    return state.get_final_completion()
+
+
+@pytest.mark.parametrize("capture", _captures())
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_live_captures_pass_byte_exact_and_reassemble_like_the_sdk(
+    upstream: FakeUpstream, proxy: RunningProxy, capture: Any, include_usage: bool
+) -> None:
+    body = capture.read_bytes()
+    upstream.sse_body = body
+    upstream.piece_size = random.Random(capture.stem).randint(1, 40)
+    status, _, received = await _post_raw(proxy.base_url, _request(True, include_usage))
+    assert status == 200
+    assert received == (body if include_usage else _less_usage_event(body))
+
+    [exchange] = await proxy.recorder.wait_for(1)
+    record = exchange.response_json
+    sdk = _sdk_accumulate(body)
+    assert exchange.outcome == "ok" and exchange.parse_errors == []
+    assert exchange.usage_source == ("reported" if include_usage else "injected")
+    assert (record["id"], record["model"], record["created"]) == (sdk.id, sdk.model, sdk.created)
+    assert record["system_fingerprint"] == sdk.system_fingerprint
+    assert record["usage"] == sdk.usage.model_dump(exclude_unset=True)
+    assert len(record["choices"]) == len(sdk.choices)
+    for mine, theirs in zip(record["choices"], sdk.choices, strict=True):
+        message = mine["message"]
+        assert (message["content"], message["refusal"]) == (
+            theirs.message.content,
+            theirs.message.refusal,
+        )
+        assert mine["finish_reason"] == theirs.finish_reason
+        calls = [
+            (c.id, c.type, c.function.name, c.function.arguments)
+            for c in theirs.message.tool_calls or []
+        ]
+        mine_calls = [
+            (c["id"], c["type"], c["function"]["name"], c["function"]["arguments"])
+            for c in message.get("tool_calls", [])
+        ]
+        assert mine_calls == calls
+        for kind in ("content", "refusal"):
+            theirs_lp = getattr(theirs.logprobs, kind, None) if theirs.logprobs else None
+            mine_lp = (mine["logprobs"] or {}).get(kind)
+            assert [t["token"] for t in mine_lp or []] == [t.token for t in theirs_lp or []]
+
+
+QUIRK_HEAD = (
+    b'data: {"id":"q1","object":"chat.completion.chunk","created":5,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}\n\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("tail", "outcome", "error_part"),
+    [
+        pytest.param(b"data: [DONE]\n\n", "ok", None, id="complete"),
+        pytest.param(b"", "upstream_disconnected", "[DONE]", id="no-done"),
+        pytest.param(
+            b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n',
+            "stream_error",
+            "overloaded",
+            id="error-event",
+        ),
+    ],
+)
+async def test_stream_endings_are_recorded_with_what_came_before(
+    upstream: FakeUpstream, proxy: RunningProxy, tail: bytes, outcome: str, error_part: str | None
+) -> None:
+    body = QUIRK_HEAD + b": keep-alive\n\ndata: not json at all\n\n" + tail
+    upstream.sse_body = body
+    status, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=True))
+    assert status == 200 and received == body  # the client gets everything, bad line included
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == outcome
+    assert (error_part is None and exchange.error is None) or error_part in exchange.error
+    assert exchange.response_json["choices"][0]["message"]["content"] == "Hel"
+    assert any("not JSON" in problem for problem in exchange.parse_errors)
+
+
+async def test_withheld_usage_event_with_crlf_cut_between_cr_and_lf(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    chunks: list[dict[str, Any]] = [
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}],
+            "usage": None,
+        },
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        },
+    ]
+    body = chunks_to_sse(chunks).replace(b"\n", b"\r\n")
+    upstream.sse_body = body
+    upstream.piece_size = 1
+    _, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=False))
+    events = body.split(b"\r\n\r\n")
+    assert received == b"\r\n\r\n".join([events[0], *events[2:]])
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.usage == chunks[1]["usage"] and exchange.usage_source == "injected"
