@@ -202,7 +202,6 @@ async def _relay(
             exchange,
             encoding=encoding,
             sse=is_sse,
-            chat=request.path.endswith("/chat/completions"),
             injected=injected,
             withhold=withhold,
             max_record_bytes=config.max_record_bytes,

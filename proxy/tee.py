@@ -11,17 +11,36 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from .assemble import ChatAssembler
+from .assemble_other import CompletionAssembler, ResponsesAssembler
 from .exchange import Exchange
 from .sse import Event, SSEParser
 
 USAGE_ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses")
-DONE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-"""Responses API events that end a stream (it sends no `[DONE]`)."""
+
+
+class Assembler(Protocol):
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+    def add(self, chunk: dict[str, Any]) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
+def assembler_for(path: str) -> Assembler | None:
+    """The reassembler for a streaming endpoint; None where events are kept as they came."""
+    if path.endswith("/chat/completions"):
+        return ChatAssembler()
+    if path.endswith("/completions"):
+        return CompletionAssembler()
+    if path.endswith("/responses"):
+        return ResponsesAssembler()
+    return None
 
 
 class Decoder:
@@ -91,7 +110,6 @@ class StreamTee:
         *,
         encoding: str,
         sse: bool,
-        chat: bool,
         injected: bool,
         withhold: bool,
         max_record_bytes: int,
@@ -109,7 +127,7 @@ class StreamTee:
                 f"response Content-Encoding {encoding!r} cannot be decoded for the record"
             )
         self._sse = SSEParser() if sse else None
-        self._assembler = ChatAssembler() if sse and chat else None
+        self._assembler = assembler_for(exchange.path) if sse else None
         self._withholder = Withholder() if withhold else None
         self._body = bytearray()
         self._body_full = False
@@ -189,20 +207,11 @@ class StreamTee:
         return drops
 
     def _generic_event(self, chunk: dict[str, Any], size: int) -> None:
-        """Streams other than chat completions: keep the events, find usage and the end."""
+        """Streams no assembler knows: keep the events as they came, and any usage."""
         if self.exchange.ttft_ms is None:
             self.exchange.ttft_ms = (time.perf_counter() - self._started) * 1000
-        usage = chunk.get("usage")
-        kind = chunk.get("type")
-        if kind in DONE_EVENTS:
-            self._done = True
-            response = chunk.get("response")
-            if isinstance(response, dict):
-                usage = response.get("usage") or usage
-                if kind == "response.failed" and response.get("error"):
-                    self._stream_error = response["error"]
-        if isinstance(usage, dict):
-            self._usage = usage
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
         if self._events_size + size <= self._max:
             self._events.append(chunk)
             self._events_size += size
@@ -225,6 +234,9 @@ class StreamTee:
         if self._assembler is not None:
             result = self._assembler.result()
             self._usage = self._assembler.usage
+            if isinstance(self._assembler, ResponsesAssembler):
+                self._done = self._assembler.finished
+                self._stream_error = self._stream_error or self._assembler.error
         elif self._sse is not None:
             result = self._events
         elif self._body and not self._body_full:
