@@ -78,7 +78,9 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     )
 
 
-async def run(config: Config, recorder: Recorder | None = None) -> None:
+async def run(
+    config: Config, recorder: Recorder | None = None, *, reuse_port: bool = False
+) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully."""
     if recorder is None:
         from .dbrecorder import open_recorder
@@ -86,7 +88,7 @@ async def run(config: Config, recorder: Recorder | None = None) -> None:
         recorder = await open_recorder(config)
     runner = make_runner(build_app(config, recorder), config)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
     await site.start()
     log.info(
         "flightrec listening on http://%s:%d, upstreams: %s",

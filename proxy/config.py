@@ -35,6 +35,7 @@ class Upstream:
 class Config:
     host: str = "127.0.0.1"
     port: int = 8080
+    workers: int = 1
     db_url: str = DEFAULT_DB_URL
     auto_upgrade: bool = True
     stream_usage: str = "inject"
@@ -138,6 +139,7 @@ def _http_url(key: str, value: Any) -> str:
 KEYS: dict[str, Key] = {
     "host": Key(_str, "address to listen on"),
     "port": Key(_port, "port to listen on"),
+    "workers": Key(_positive_int, "proxy processes sharing the port (SO_REUSEPORT)"),
     "db_url": Key(_db_url, "database URL (SQLite or PostgreSQL)"),
     "auto_upgrade": Key(_bool, "migrate the database to head when serve starts"),
     "stream_usage": Key(_choice("inject", "passthrough"), "ask upstreams for stream usage"),

@@ -207,7 +207,14 @@ async def _relay(
             max_record_bytes=config.max_record_bytes,
             started=started,
         )
-        await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
+        try:
+            await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
+        except Exception as exc:  # the response has started: a second one cannot be sent
+            log.exception("exchange %s failed while relaying", exchange.id)
+            exchange.outcome = "proxy_error"
+            exchange.error = f"{type(exc).__name__}: {exc}"
+            response.force_close()
+            return response
         if exchange.outcome == "ok" and upstream_response.status >= 400:
             exchange.outcome = "upstream_error"
             exchange.error = _error_text(exchange.response_json, exchange.response_body)

@@ -198,7 +198,14 @@ class StreamTee:
             if chunk.get("error") is not None or chunk.get("type") == "error":
                 self._stream_error = chunk.get("error") or chunk
             if self._assembler is not None:
-                if self._assembler.add(chunk) and exchange.ttft_ms is None:
+                try:
+                    produced = self._assembler.add(chunk)
+                except (AttributeError, TypeError, ValueError) as exc:
+                    # A chunk of an unexpected shape is the upstream's problem, never the
+                    # client's: it was relayed already; the record notes it and goes on.
+                    self._problem(f"event {exchange.chunks}: unexpected chunk shape: {exc}")
+                    continue
+                if produced and exchange.ttft_ms is None:
                     exchange.ttft_ms = (time.perf_counter() - self._started) * 1000
             else:
                 self._generic_event(chunk, len(data))

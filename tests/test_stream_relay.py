@@ -282,3 +282,24 @@ async def test_withheld_usage_event_with_crlf_cut_between_cr_and_lf(
     assert received == b"\r\n\r\n".join([events[0], *events[2:]])
     [exchange] = await proxy.recorder.wait_for(1)
     assert exchange.usage == chunks[1]["usage"] and exchange.usage_source == "injected"
+
+
+async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    bad = [
+        b'data: {"choices": ["not a choice"]}\n\n',
+        b'data: {"choices": [{"index": 0, "delta": "not a delta"}]}\n\n',
+        b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [7]}}]}\n\n',
+        b"data: [1, 2]\n\n",
+    ]
+    tail = b'data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}\n\n'
+    body = QUIRK_HEAD + b"".join(bad) + tail + b"data: [DONE]\n\n"
+    upstream.sse_body = body
+    status, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=True))
+    assert status == 200 and received == body
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == "ok"
+    assert len(exchange.parse_errors) == len(bad)
+    choice = exchange.response_json["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")

@@ -1,0 +1,70 @@
+"""`serve --workers N`: N proxy processes sharing one port (SO_REUSEPORT) and one database.
+
+Each worker is a whole flightrec — its own event loop, upstream pool and background writer —
+so nothing one worker knows is needed by another: exchanges are independent and the database
+is the only shared state. Each worker spools to its own file (`<spool_path>.<n>`), so no two
+processes ever append to or drain the same spool. The supervisor migrates the database once
+before the workers start, forwards SIGTERM/SIGINT to them and exits when they all have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import signal
+from dataclasses import replace
+from types import FrameType
+
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+
+def worker_config(config: Config, index: int) -> Config:
+    return replace(config, spool_path=f"{config.spool_path}.{index}", auto_upgrade=False)
+
+
+def _worker(config: Config, index: int) -> None:
+    from .app import run  # imported in the child process
+
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
+    )
+    asyncio.run(run(worker_config(config, index), reuse_port=True))
+
+
+def supervise(config: Config) -> int:
+    """Run `config.workers` worker processes until a signal stops them; returns the exit code."""
+    if config.auto_upgrade:
+        from .store.migrate import upgrade  # only serve needs the database
+
+        upgrade(config.db_url)
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, args=(config, i), name=f"flightrec-worker-{i}")
+        for i in range(config.workers)
+    ]
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping %d workers", len(workers))
+        for process in workers:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: each worker shuts down gracefully
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for process in workers:
+            process.start()
+        log.info("flightrec: %d workers on %s:%d", len(workers), config.host, config.port)
+        for process in workers:
+            process.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    failed = [p.name for p in workers if p.exitcode not in (0, -signal.SIGTERM)]
+    if failed:
+        log.error("workers exited with an error: %s", ", ".join(failed))
+        return 1
+    return 0
