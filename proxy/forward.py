@@ -110,7 +110,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         if exchange.omit_request:
             exchange.request_body = exchange.request_json = None
         if exchange.omit_response:
-            exchange.response_body = exchange.response_json = None
+            exchange.response_body = exchange.response_json = exchange.raw_stream = None
         request.app[APP_RECORDER].record(exchange)
 
 
@@ -206,6 +206,7 @@ async def _relay(
             withhold=withhold,
             max_record_bytes=config.max_record_bytes,
             started=started,
+            keep_raw=config.store_raw_stream,
         )
         try:
             await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
@@ -238,7 +239,7 @@ async def _pump(
         nonlocal client_here
         try:
             await response.write(data)
-            exchange.response_bytes += len(data)
+            tee.delivered(data)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             client_here = False
             exchange.outcome = "client_disconnected"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from array import array
 from typing import Any, Protocol
 
 import orjson
@@ -114,6 +115,7 @@ class StreamTee:
         withhold: bool,
         max_record_bytes: int,
         started: float,
+        keep_raw: bool = False,
     ) -> None:
         self.exchange = exchange
         self.withhold = withhold
@@ -136,6 +138,10 @@ class StreamTee:
         self._done = False
         self._stream_error: Any = None
         self._usage: dict[str, Any] | None = None
+        # The bytes the client received and when: compact arrays, one entry per write.
+        self._raw = bytearray() if keep_raw and sse else None
+        self._raw_ends = array("q")
+        self._raw_times = array("d")
 
     def feed(self, piece: bytes) -> bytes:
         """Look at the next piece of the body; returns the bytes the client may have now."""
@@ -157,6 +163,14 @@ class StreamTee:
             return piece
         safe = self._sse.pending_start
         return self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
+
+    def delivered(self, data: bytes) -> None:
+        """`data` has been written to the client."""
+        self.exchange.response_bytes += len(data)
+        if self._raw is not None:
+            self._raw += data
+            self._raw_ends.append(len(self._raw))
+            self._raw_times.append((time.perf_counter() - self._started) * 1000)
 
     def close(self) -> bytes:
         """The body has ended (or broken): finish the record; returns bytes still held."""
@@ -254,6 +268,9 @@ class StreamTee:
                 except orjson.JSONDecodeError:
                     self._problem("response body is not valid JSON")
         exchange.response_json = result
+        if self._raw is not None:
+            exchange.raw_stream = bytes(self._raw)
+            exchange.raw_pacing = list(zip(self._raw_ends, self._raw_times, strict=True))
         if isinstance(result, dict):
             if self._sse is None and isinstance(result.get("usage"), dict):
                 self._usage = result["usage"]

@@ -147,6 +147,22 @@ async def test_sdk_sees_what_it_sees_direct(
         assert exchange.ttft_ms is not None and exchange.ttft_ms >= exchange.ttfb_ms
 
 
+async def test_raw_stream_is_kept_only_when_configured(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    for keep in (True, False):
+        proxy = await make_proxy(store_raw_stream=keep)
+        client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+        async for _ in await client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True
+        ):
+            pass
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+        streamed, plain = await proxy.recorder.wait_for(2)
+        assert (streamed.raw_stream is not None) is keep
+        assert plain.raw_stream is None and plain.raw_pacing is None
+
+
 async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
     upstream: FakeUpstream, make_proxy: Any
 ) -> None:

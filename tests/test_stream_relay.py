@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from typing import Any
@@ -58,6 +59,10 @@ async def test_stream_bytes_are_the_upstreams(
     [exchange] = await proxy.recorder.wait_for(1)
     assert headers["X-Flightrec-Id"] == exchange.id
     assert exchange.response_bytes == len(received)
+    assert exchange.raw_stream == received  # kept for byte-exact playback
+    pacing = exchange.raw_pacing or []
+    assert pacing[-1][0] == len(received)
+    assert all(a[0] < b[0] and a[1] <= b[1] for a, b in itertools.pairwise(pacing))
     assert exchange.response_json["choices"][0]["message"]["content"] == UTF8_HEAVY * 3
 
 
