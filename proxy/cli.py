@@ -87,3 +87,126 @@ def serve(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     asyncio.run(run(cfg))
+
+
+# --- Database commands: `db upgrade`, `logs`, `show` (thin; the work is in proxy/store) ---
+
+
+def _parse_with(
+    parse: Callable[[str], Any],
+) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback turning the store's ValueError into a usage error naming the flag."""
+
+    def callback(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return [parse(v) for v in value] if isinstance(value, tuple) else parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return callback
+
+
+def _print_json(value: Any) -> None:
+    import orjson
+
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+
+
+@main.group()
+def db() -> None:
+    """Manage the database schema."""
+
+
+@db.command("upgrade")
+@config_option
+@click.option("--db", "db_url", default=None, help="Database URL.")
+@user_errors
+def db_upgrade(config_path: str | None, db_url: str | None) -> None:
+    """Migrate the database to the newest schema."""
+    from .store.engine import safe_url
+    from .store.migrate import head, upgrade
+
+    cfg = load_config(config_path, db_url=db_url)
+    asyncio.run(upgrade(cfg.db_url))
+    click.echo(f"{safe_url(cfg.db_url)}: schema at {head()}")
+
+
+def _parse_tag(value: str) -> tuple[str, str]:
+    from .store.read import parse_tag
+
+    return parse_tag(value)
+
+
+def _parse_since(value: str) -> Any:
+    from .store.read import parse_since
+
+    return parse_since(value)
+
+
+@main.command()
+@config_option
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option("--model", default=None, help="Only exchanges that requested this model.")
+@click.option(
+    "--since",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Only exchanges since T: 15m, 2h, 7d, or an ISO date/time (local if no zone).",
+)
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    callback=_parse_with(_parse_tag),
+    help="Only exchanges with tag k=v (repeatable; all must match).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@user_errors
+def logs(
+    config_path: str | None,
+    limit: int,
+    model: str | None,
+    since: Any,
+    tags: list[tuple[str, str]],
+    as_json: bool,
+) -> None:
+    """Recent exchanges, newest first."""
+    from .store import read
+
+    cfg = load_config(config_path)
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with read.reading(cfg.db_url) as engine:
+            return await read.list_exchanges(
+                engine, limit=limit, model=model, since=since, tags=list(tags)
+            )
+
+    found = asyncio.run(fetch())
+    if as_json:
+        _print_json(found)
+    else:
+        click.echo(read.render_table(found))
+
+
+@main.command()
+@config_option
+@click.argument("exchange_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the exchange as one JSON object.")
+@user_errors
+def show(config_path: str | None, exchange_id: str, as_json: bool) -> None:
+    """One exchange in full (ID or a unique prefix of at least 8 characters)."""
+    from .store import read
+
+    cfg = load_config(config_path)
+
+    async def fetch() -> dict[str, Any]:
+        async with read.reading(cfg.db_url) as engine:
+            return await read.get_exchange(engine, exchange_id)
+
+    shown = asyncio.run(fetch())
+    if as_json:
+        _print_json(shown)
+    else:
+        click.echo(read.render_exchange(shown))

@@ -40,7 +40,7 @@ def supervise(config: Config) -> int:
     if config.auto_upgrade:
         from .store.migrate import upgrade  # only serve needs the database
 
-        upgrade(config.db_url)
+        asyncio.run(upgrade(config.db_url))
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_worker, args=(config, i), name=f"flightrec-worker-{i}")

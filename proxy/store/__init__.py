@@ -1,0 +1,11 @@
+"""The store: schema, migrations, writing exchanges to rows and reading them back.
+
+`tables` declares the schema, `migrate` applies it with alembic, `write` turns exchanges into
+rows, `read` turns rows back into the `show --json` shape, `spool` keeps records the database
+cannot take yet. The background writer that ties them together is `proxy.dbrecorder`.
+"""
+
+from .engine import StoreError, check_connection, create_engine
+from .migrate import downgrade, upgrade
+
+__all__ = ["StoreError", "check_connection", "create_engine", "downgrade", "upgrade"]

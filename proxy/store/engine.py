@@ -1,0 +1,109 @@
+"""Async engines for SQLite and PostgreSQL, and the one error type the store raises.
+
+SQLite gets WAL (readers never block the writer), `synchronous=NORMAL` (durable across process
+crashes, fsync only at checkpoints) and a busy timeout so concurrent CLI readers and the proxy
+wait instead of failing. PostgreSQL gets a small pool with pre-ping, so the first write after an
+outage finds out about dead connections instead of failing the batch, and short connect and
+command timeouts, so an outage is noticed in seconds rather than asyncpg's default minute.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+PG_CONNECT_TIMEOUT = 5.0
+PG_COMMAND_TIMEOUT = 60.0
+
+
+class StoreError(Exception):
+    """The database cannot be used: unreachable, wrong schema, unknown record. One line."""
+
+
+def dumps(value: Any) -> str:
+    """JSON for JSON columns; stdlib fallback for what orjson refuses (ints beyond 64 bits)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value, default=str)
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password masked, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparsable database URL>"
+
+
+def create_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> AsyncEngine:
+    """An engine for `url` (no connection is made yet)."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise StoreError(f"not a database URL: {safe_url(url)}") from None
+    backend = parsed.get_backend_name()
+    if parsed.drivername == "sqlite+aiosqlite":
+        engine = create_async_engine(parsed, json_serializer=dumps, json_deserializer=orjson.loads)
+        _sqlite_pragmas(engine, busy_timeout_ms)
+        return engine
+    if parsed.drivername == "postgresql+asyncpg":
+        return create_async_engine(
+            parsed,
+            json_serializer=dumps,
+            json_deserializer=orjson.loads,
+            pool_size=5,
+            max_overflow=5,
+            pool_pre_ping=True,
+            connect_args={
+                "timeout": PG_CONNECT_TIMEOUT,
+                "command_timeout": PG_COMMAND_TIMEOUT,
+                "server_settings": {"application_name": "flightrec"},
+            },
+        )
+    raise StoreError(
+        f"unsupported database {backend!r} in {safe_url(url)}: "
+        "use sqlite+aiosqlite:// or postgresql+asyncpg://"
+    )
+
+
+def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        # busy_timeout first: switching to WAL itself needs the lock another process may hold.
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming what went wrong, from the innermost cause (the driver's own error)."""
+    inner: BaseException = exc
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        inner = exc.orig
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0]}" if lines else type(inner).__name__
+
+
+async def check_connection(engine: AsyncEngine) -> None:
+    """Raise `StoreError` unless the database answers a trivial query."""
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+    except Exception as exc:
+        # Drivers raise their own types here (OSError, asyncpg's, sqlite3's, timeouts): all of
+        # them mean the same thing to the user.
+        where = engine.url.render_as_string(hide_password=True)
+        raise StoreError(f"cannot connect to the database at {where}: {describe(exc)}") from None

@@ -1,0 +1,168 @@
+"""The schema: SQLAlchemy Core tables that alembic migrations create and `write`/`read` use.
+
+Bodies and raw objects are JSON (`json` on PostgreSQL, not `jsonb`, so a stored request keeps
+its key order and reads back as the client wrote it). Timestamps are timezone-aware and always
+UTC: `timestamptz` on PostgreSQL, ISO-like text (`2024-05-01 12:00:00.123456`) on SQLite, so
+both sort and compare as time. Exchange ids are UUIDv7 strings, time-ordered.
+
+`exchanges.request`/`response` and `usage.raw` are the source of truth; `completions`,
+`choices`, `usage` columns and `logprobs` are projections of them kept for querying.
+`raw_streams` keeps the exact bytes of a stream (gzip) and their timing, for playback.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+Json = sa.JSON(none_as_null=True)
+Time = sa.DateTime(timezone=True)
+ExchangeId = sa.String(36)
+
+
+def _exchange_id() -> sa.Column[str]:
+    """Child rows are keyed by their exchange and go when it is deleted."""
+    return sa.Column(
+        "exchange_id",
+        ExchangeId,
+        sa.ForeignKey("exchanges.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+
+
+exchanges = sa.Table(
+    "exchanges",
+    metadata,
+    sa.Column("id", ExchangeId, primary_key=True),
+    sa.Column("started_at", Time, nullable=False),
+    sa.Column("method", sa.String(), nullable=False),
+    sa.Column("path", sa.Text(), nullable=False),
+    sa.Column("query", sa.Text(), nullable=False),
+    sa.Column("upstream", sa.String(), nullable=False),
+    sa.Column("upstream_url", sa.Text(), nullable=False),
+    sa.Column("status", sa.Integer()),
+    sa.Column("stream", sa.Boolean(), nullable=False),
+    sa.Column("model", sa.String()),
+    sa.Column("response_model", sa.String()),
+    sa.Column("outcome", sa.String(), nullable=False),
+    sa.Column("error", sa.Text()),
+    sa.Column("request", Json),
+    sa.Column("request_body", sa.LargeBinary()),
+    sa.Column("request_omitted", sa.Boolean(), nullable=False),
+    sa.Column("response", Json),
+    sa.Column("response_body", sa.LargeBinary()),
+    sa.Column("response_omitted", sa.Boolean(), nullable=False),
+    sa.Column("response_bytes", sa.BigInteger(), nullable=False),
+    sa.Column("content_type", sa.String()),
+    sa.Column("ttfb_ms", sa.Double()),
+    sa.Column("ttft_ms", sa.Double()),
+    sa.Column("duration_ms", sa.Double()),
+    sa.Column("chunks", sa.Integer(), nullable=False),
+    sa.Column("upstream_request_id", sa.String()),
+    sa.Column("key_hash", sa.String()),
+    sa.Column("key_hint", sa.String()),
+    sa.Column("end_user", sa.String()),
+    sa.Column("replay_of", ExchangeId),
+    sa.Column("usage_source", sa.String()),
+    sa.Column("system_fingerprint", sa.String()),
+    sa.Column("parse_errors", Json),
+    sa.Column("cost_usd", sa.Double()),
+    sa.Column("price_entry", sa.String()),
+    sa.Index(None, "started_at"),
+    sa.Index(None, "model", "started_at"),
+    sa.Index(None, "key_hash", "started_at"),
+    sa.Index(None, "end_user", "started_at"),
+    sa.Index(None, "upstream", "started_at"),
+    sa.Index(None, "replay_of"),
+)
+
+tags = sa.Table(
+    "tags",
+    metadata,
+    _exchange_id(),
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("value", sa.String(), nullable=False),
+    sa.Index(None, "key", "value"),
+)
+
+completions = sa.Table(
+    "completions",
+    metadata,
+    _exchange_id(),
+    sa.Column("completion_id", sa.String()),
+    sa.Column("object", sa.String()),
+    sa.Column("created", sa.BigInteger()),
+    sa.Column("model", sa.String()),
+    sa.Column("system_fingerprint", sa.String()),
+    sa.Column("service_tier", sa.String()),
+)
+
+choices = sa.Table(
+    "choices",
+    metadata,
+    _exchange_id(),
+    sa.Column("choice_index", sa.Integer(), primary_key=True),
+    sa.Column("role", sa.String()),
+    sa.Column("content", sa.Text()),
+    sa.Column("refusal", sa.Text()),
+    sa.Column("finish_reason", sa.String()),
+    sa.Column("tool_calls", Json),
+    sa.Column("function_call", Json),
+    sa.Column("audio", Json),
+)
+
+usage = sa.Table(
+    "usage",
+    metadata,
+    _exchange_id(),
+    sa.Column("prompt_tokens", sa.Integer()),
+    sa.Column("completion_tokens", sa.Integer()),
+    sa.Column("total_tokens", sa.Integer()),
+    sa.Column("cached_tokens", sa.Integer()),
+    sa.Column("prompt_audio_tokens", sa.Integer()),
+    sa.Column("reasoning_tokens", sa.Integer()),
+    sa.Column("completion_audio_tokens", sa.Integer()),
+    sa.Column("accepted_prediction_tokens", sa.Integer()),
+    sa.Column("rejected_prediction_tokens", sa.Integer()),
+    sa.Column("raw", Json, nullable=False),
+)
+
+logprobs = sa.Table(
+    "logprobs",
+    metadata,
+    _exchange_id(),
+    sa.Column("choice_index", sa.Integer(), primary_key=True),
+    sa.Column("kind", sa.String(), primary_key=True),
+    sa.Column("position", sa.Integer(), primary_key=True),
+    sa.Column("token", sa.Text(), nullable=False),
+    sa.Column("logprob", sa.Double()),
+    sa.Column("bytes", Json),
+    sa.Column("top_logprobs", Json),
+)
+
+raw_streams = sa.Table(
+    "raw_streams",
+    metadata,
+    _exchange_id(),
+    sa.Column("gz", sa.LargeBinary(), nullable=False),
+    sa.Column("pacing", Json),
+)
+
+fingerprints = sa.Table(
+    "fingerprints",
+    metadata,
+    sa.Column("upstream", sa.String(), primary_key=True),
+    sa.Column("model", sa.String(), primary_key=True),
+    sa.Column("system_fingerprint", sa.String(), primary_key=True),
+    sa.Column("first_seen", Time, nullable=False),
+    sa.Column("last_seen", Time, nullable=False),
+    sa.Column("count", sa.BigInteger(), nullable=False),
+)
