@@ -1,0 +1,281 @@
+"""What an exchange cost: the dated price table, usage normalised across endpoints, the sum.
+
+`proxy/prices.toml` ships with the package (USD per 1M tokens, each entry dated and sourced);
+config `[prices."<model>"]` tables override or add entries. The recorder asks
+`PriceTable.cost(model, usage)` once per exchange and stores both the cost and the entry
+that produced it; `flightrec cost --reprice` asks again with today's table. An unknown model
+or missing usage gets no cost at all (None), never a silent 0, so reports can count it as
+unpriced.
+
+Pure: no I/O besides reading the shipped table once, at first use.
+
+Decisions the contract leaves open:
+
+- A model matches its entry exactly, else the longest key that the model name continues with
+  "-", ":" or "@" ("gpt-4o-mini" prices "gpt-4o-mini-2024-07-18"). A bare prefix is not
+  enough, because "gpt-5" would then price "gpt-5.2" and "gpt-4" would price "gpt-4.5-preview"
+  at another model's rates; such names stay unpriced until the table or config has them.
+- A config entry for a model the shipped table has (same key) overrides only the fields it
+  gives; for any other model it is a new entry and must give `input` and `output`.
+- Usage that reports more cached (or audio, or reasoning) tokens than the total they are part
+  of is clamped to that total: the cost then never exceeds what the reported totals allow.
+- Audio tokens are priced at the entry's audio rates and taken out of the text counts only
+  when the entry has those rates; cached tokens are always billed as cached text.
+- Each product is an integer times the decimal price as written, summed exactly and divided
+  once, so a cost is the correctly rounded float of the exact amount.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+from functools import cache, lru_cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+_RATES = ("input", "cached_input", "output", "audio_input", "audio_output")
+_TABLE_FIELDS = frozenset({*_RATES, "source", "date", "note"})
+_CONFIG_FIELDS = frozenset({*_RATES, "note"})
+# What may follow a key in a model name for the key to price it: OpenAI dates its snapshots
+# with "-", other servers tag models with ":" (llama3:8b) or "@" (model@2024-05-13).
+_BOUNDARY = ("-", ":", "@")
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """One entry of the table, in USD per 1M tokens."""
+
+    key: str
+    """The table key that matched, e.g. "gpt-4o-mini" for "gpt-4o-mini-2024-07-18"."""
+    input: float
+    """Uncached prompt tokens."""
+    cached_input: float | None
+    """Cached prompt tokens; None when none is published (they are then billed at `input`)."""
+    output: float
+    """Completion tokens, reasoning tokens included."""
+    audio_input: float | None = None
+    audio_output: float | None = None
+    source: str = ""
+    """Where the entry came from: "table:<date read>", "config", or "table:<date>+config"."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """Usage normalised across endpoints; every detail count is at most the total it is in."""
+
+    prompt: int
+    """All prompt (input) tokens, cached and audio included."""
+    cached: int
+    completion: int
+    """All completion (output) tokens, reasoning and audio included."""
+    reasoning: int
+    audio_prompt: int
+    audio_completion: int
+
+
+def _count(value: Any) -> int | None:
+    """A token count as sent, or None unless it is a non-negative whole number."""
+    if isinstance(value, bool):  # bool is an int subclass; True is no count
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def _detail(usage: Mapping[str, Any], tables: tuple[str, ...], name: str) -> int:
+    for table in tables:
+        details = usage.get(table)
+        if isinstance(details, Mapping):
+            found = _count(details.get(name))
+            if found is not None:
+                return found
+    return 0
+
+
+def normalize_usage(usage: Mapping[str, Any] | None) -> Tokens | None:
+    """Tokens from a usage object of chat/completions, embeddings, or the Responses API.
+
+    None when there is no usage or its shape is unknown; never raises on garbage.
+    """
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = _count(usage.get("prompt_tokens"))
+    if prompt is not None:  # chat/completions, legacy completions, embeddings
+        completion = _count(usage.get("completion_tokens")) or 0
+        inputs: tuple[str, ...] = ("prompt_tokens_details",)
+        outputs: tuple[str, ...] = ("completion_tokens_details",)
+    else:  # Responses API; the Realtime and transcription shapes say "token_details"
+        prompt = _count(usage.get("input_tokens"))
+        if prompt is None:
+            return None
+        completion = _count(usage.get("output_tokens")) or 0
+        inputs = ("input_tokens_details", "input_token_details")
+        outputs = ("output_tokens_details", "output_token_details")
+    return Tokens(
+        prompt=prompt,
+        cached=min(_detail(usage, inputs, "cached_tokens"), prompt),
+        completion=completion,
+        reasoning=min(_detail(usage, outputs, "reasoning_tokens"), completion),
+        audio_prompt=min(_detail(usage, inputs, "audio_tokens"), prompt),
+        audio_completion=min(_detail(usage, outputs, "audio_tokens"), completion),
+    )
+
+
+@lru_cache(maxsize=512)
+def _exact(rate: float) -> Decimal:
+    # repr is the shortest string that reads back as the same float, i.e. the price as written
+    # in the table ("0.075"), whereas Decimal(0.075) would carry the binary approximation.
+    return Decimal(repr(rate))
+
+
+def cost_of(price: Price, tokens: Tokens) -> float:
+    """USD for `tokens` at `price`, exact up to one final rounding to float."""
+    cached = min(tokens.cached, tokens.prompt)
+    audio_in = 0
+    if price.audio_input is not None:
+        audio_in = min(tokens.audio_prompt, tokens.prompt - cached)
+    audio_out = 0
+    if price.audio_output is not None:
+        audio_out = min(tokens.audio_completion, tokens.completion)
+    cached_rate = price.input if price.cached_input is None else price.cached_input
+    total = (
+        (tokens.prompt - cached - audio_in) * _exact(price.input)
+        + cached * _exact(cached_rate)
+        + audio_in * _exact(price.audio_input or 0.0)
+        + (tokens.completion - audio_out) * _exact(price.output)
+        + audio_out * _exact(price.audio_output or 0.0)
+    )
+    return float(total.scaleb(-6))  # per 1M tokens; scaleb shifts the exponent, no rounding
+
+
+def _rate(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a price in USD per 1M tokens, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: expected a non-negative price, got {value!r}")
+    return float(value)
+
+
+def _entry(
+    where: str, key: str, fields: Any, allowed: frozenset[str], base: Price | None, source: str
+) -> Price:
+    """One entry from a TOML table; `base` supplies the fields it leaves out."""
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"{where}: expected a table of prices, got {fields!r}")
+    for name in fields:
+        if name not in allowed:
+            raise ValueError(f"{where}.{name}: unknown field (known: {', '.join(sorted(allowed))})")
+    rates: dict[str, float | None] = {
+        name: _rate(f"{where}.{name}", fields[name])
+        if name in fields
+        else (None if base is None else getattr(base, name))
+        for name in _RATES
+    }
+    input_rate, output_rate = rates["input"], rates["output"]
+    if input_rate is None:
+        raise ValueError(f"{where}.input: required for a model the shipped table does not have")
+    if output_rate is None:
+        raise ValueError(f"{where}.output: required for a model the shipped table does not have")
+    return Price(
+        key=key,
+        input=input_rate,
+        cached_input=rates["cached_input"],
+        output=output_rate,
+        audio_input=rates["audio_input"],
+        audio_output=rates["audio_output"],
+        source=source,
+    )
+
+
+def _iso(where: str, value: Any) -> str:
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, str):
+        try:
+            return date.fromisoformat(value).isoformat()
+        except ValueError:
+            pass
+    raise ValueError(f"{where}: expected an ISO date, got {value!r}")
+
+
+@cache
+def _shipped() -> tuple[Mapping[str, Price], str]:
+    """The packaged table, parsed once; read through importlib so it works from a wheel."""
+    text = resources.files("proxy").joinpath("prices.toml").read_text(encoding="utf-8")
+    raw = tomllib.loads(text)
+    compiled = _iso("prices.toml: meta.compiled", raw.get("meta", {}).get("compiled"))
+    entries: dict[str, Price] = {}
+    for key, fields in raw.get("models", {}).items():
+        where = f"prices.toml: models.{key}"
+        if not isinstance(fields, Mapping) or not fields.get("source"):
+            raise ValueError(f"{where}.source: every shipped entry names its source")
+        read = _iso(f"{where}.date", fields.get("date"))
+        entries[key] = _entry(where, key, fields, _TABLE_FIELDS, None, f"table:{read}")
+    return MappingProxyType(entries), compiled
+
+
+class PriceTable:
+    """The shipped table plus config entries, and the lookup and cost built on them."""
+
+    __slots__ = ("_entries", "_lengths", "compiled")
+
+    def __init__(self, entries: Mapping[str, Price], compiled: str) -> None:
+        self._entries = dict(entries)
+        self._lengths = sorted({len(key) for key in self._entries}, reverse=True)
+        self.compiled = compiled
+        """The date the shipped table was compiled (ISO)."""
+
+    @classmethod
+    def load(cls, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> PriceTable:
+        """The shipped table with config entries applied (see the module docstring).
+
+        Raises ValueError naming `prices.<model>.<field>` for a bad config value.
+        """
+        shipped, compiled = _shipped()
+        entries = dict(shipped)
+        for model, fields in (overrides or {}).items():
+            if not isinstance(model, str) or not model:
+                raise ValueError(f"prices: expected model names, got {model!r}")
+            base = shipped.get(model)
+            source = "config" if base is None else f"{base.source}+config"
+            entries[model] = _entry(f"prices.{model}", model, fields, _CONFIG_FIELDS, base, source)
+        return cls(entries, compiled)
+
+    @property
+    def entries(self) -> Mapping[str, Price]:
+        """Every entry by key, read-only."""
+        return MappingProxyType(self._entries)
+
+    def lookup(self, model: str | None) -> Price | None:
+        """The entry for `model`: exact, else the longest key it continues (case-sensitive)."""
+        if not isinstance(model, str) or not model:
+            return None
+        exact = self._entries.get(model)
+        if exact is not None:
+            return exact
+        for length in self._lengths:
+            # A key that itself ends in a separator ("ft:") matches whatever follows it.
+            if length < len(model) and (
+                model[length] in _BOUNDARY or model[length - 1] in _BOUNDARY
+            ):
+                found = self._entries.get(model[:length])
+                if found is not None:
+                    return found
+        return None
+
+    def cost(
+        self, model: str | None, usage: Mapping[str, Any] | None
+    ) -> tuple[float | None, Price | None]:
+        """(USD, entry) for one exchange; (None, None) for an unknown model or missing usage."""
+        price = self.lookup(model)
+        tokens = normalize_usage(usage)
+        if price is None or tokens is None:
+            return None, None
+        return cost_of(price, tokens), price
