@@ -71,6 +71,7 @@ def main() -> None:
 @click.option("--port", default=None, type=int, help="Port to listen on (default 8080).")
 @click.option("--upstream", default=None, help="Base URL of the first upstream.")
 @click.option("--db", "db_url", default=None, help="Database URL.")
+@click.option("--workers", default=None, type=int, help="Processes sharing the port (default 1).")
 @user_errors
 def serve(
     config_path: str | None,
@@ -78,14 +79,21 @@ def serve(
     port: int | None,
     upstream: str | None,
     db_url: str | None,
+    workers: int | None,
 ) -> None:
     """Run the proxy."""
-    from .app import run
-
-    cfg = load_config(config_path, host=host, port=port, upstream=upstream, db_url=db_url)
+    cfg = load_config(
+        config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers
+    )
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if cfg.workers > 1:
+        from .workers import supervise
+
+        raise SystemExit(supervise(cfg))
+    from .app import run  # keep `flightrec logs` from importing aiohttp's server
+
     asyncio.run(run(cfg))
 
 

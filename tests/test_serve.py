@@ -1,0 +1,140 @@
+"""`flightrec serve` as users run it: a real process, real signals, a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from .conftest import free_port
+
+EVENTS = 20
+PAUSE = 0.05  # a stream lasts about a second
+
+
+def _event(n: int) -> bytes:
+    return (
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{"content":"w%d "},"finish_reason":null}]}\n\n' % n
+    )
+
+
+EXPECTED = b"".join(_event(n) for n in range(EVENTS)) + b"data: [DONE]\n\n"
+
+
+async def _slow_stream(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n in range(EVENTS):
+        await response.write(_event(n))
+        await asyncio.sleep(PAUSE)
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+@pytest.fixture
+async def slow_upstream() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", _slow_stream)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}/v1"
+    await runner.cleanup()
+
+
+async def _start_serve(
+    tmp_path: Path, upstream: str, *extra: str
+) -> tuple[asyncio.subprocess.Process, str, Path]:
+    port = free_port()
+    db = tmp_path / "serve.db"
+    env = {
+        **os.environ,
+        "FLIGHTREC_SPOOL_PATH": str(tmp_path / "spool"),
+        "FLIGHTREC_SHUTDOWN_GRACE": "15",
+        "FLIGHTREC_STREAM_USAGE": "passthrough",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream,
+        "--db", f"sqlite+aiosqlite:///{db}", *extra,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                async with session.get(url + "/readyz") as response:
+                    if response.status == 200:
+                        return process, url, db
+            except aiohttp.ClientConnectionError:
+                pass
+            if process.returncode is not None or time.monotonic() > deadline:
+                output = await process.stdout.read() if process.stdout else b""
+                raise AssertionError(f"serve did not start:\n{output.decode()}")
+            await asyncio.sleep(0.1)
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, started: asyncio.Event) -> bytes:
+    body = {"model": "m", "messages": [], "stream": True}
+    async with session.post(url + "/v1/chat/completions", json=body) as response:
+        first = await response.content.readuntil(b"\n\n")
+        started.set()
+        return first + await response.read()
+
+
+def _rows(db: Path) -> list[tuple[str, str, int]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT id, outcome, status FROM exchanges").fetchall()
+
+
+async def test_sigterm_lets_50_streams_finish_and_records_them_all(
+    tmp_path: Path, slow_upstream: str
+) -> None:
+    process, url, db = await _start_serve(tmp_path, slow_upstream)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = [asyncio.Event() for _ in range(50)]
+        streams = [asyncio.create_task(_stream(session, url, s)) for s in started]
+        await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 20)
+        process.send_signal(signal.SIGTERM)
+        bodies = await asyncio.wait_for(asyncio.gather(*streams), 20)
+    assert all(body == EXPECTED for body in bodies)
+    assert await asyncio.wait_for(process.wait(), 20) == 0
+    rows = _rows(db)
+    assert len(rows) == 50 and len({r[0] for r in rows}) == 50
+    assert {(outcome, status) for _, outcome, status in rows} == {("ok", 200)}
+
+
+@pytest.mark.skipif(not hasattr(__import__("socket"), "SO_REUSEPORT"), reason="no SO_REUSEPORT")
+async def test_workers_share_the_port_and_the_database(tmp_path: Path, slow_upstream: str) -> None:
+    process, url, db = await _start_serve(tmp_path, slow_upstream, "--workers", "2")
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent_of(p) == process.pid]
+    assert len(children) >= 2
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        bodies = await asyncio.gather(*(_stream(s, url, asyncio.Event()) for _ in range(12)))
+    assert all(body == EXPECTED for body in bodies)
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(process.wait(), 30) == 0
+    assert len(_rows(db)) == 12
+    # each worker spools to a file of its own
+    assert {"spool.0", "spool.1"} <= set(os.listdir(tmp_path))
+
+
+def _parent_of(pid: str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
