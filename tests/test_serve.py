@@ -64,12 +64,15 @@ async def _start_serve(
         "FLIGHTREC_SPOOL_PATH": str(tmp_path / "spool"),
         "FLIGHTREC_SHUTDOWN_GRACE": "15",
         "FLIGHTREC_STREAM_USAGE": "passthrough",
+        "FLIGHTREC_LOG_LEVEL": "debug",
     }
+    log = (tmp_path / "serve.log").open("wb")  # a file: a pipe nobody reads would fill up
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream,
         "--db", f"sqlite+aiosqlite:///{db}", *extra,
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
+    log.close()
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as session:
         deadline = time.monotonic() + 30
@@ -81,17 +84,25 @@ async def _start_serve(
             except aiohttp.ClientConnectionError:
                 pass
             if process.returncode is not None or time.monotonic() > deadline:
-                output = await process.stdout.read() if process.stdout else b""
-                raise AssertionError(f"serve did not start:\n{output.decode()}")
+                output = (tmp_path / "serve.log").read_text()
+                raise AssertionError(f"serve did not start:\n{output}")
             await asyncio.sleep(0.1)
+
+
+KEY = "sk-proj-NEVER-STORE-THIS-0123456789"
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, started: asyncio.Event) -> bytes:
     body = {"model": "m", "messages": [], "stream": True}
-    async with session.post(url + "/v1/chat/completions", json=body) as response:
+    headers = {"Authorization": f"Bearer {KEY}", "Cookie": f"session={KEY}"}
+    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
         first = await response.content.readuntil(b"\n\n")
         started.set()
         return first + await response.read()
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes()
 
 
 def _rows(db: Path) -> list[tuple[str, str, int]]:
@@ -115,6 +126,10 @@ async def test_sigterm_lets_50_streams_finish_and_records_them_all(
     rows = _rows(db)
     assert len(rows) == 50 and len({r[0] for r in rows}) == 50
     assert {(outcome, status) for _, outcome, status in rows} == {("ok", 200)}
+    # The key reached the upstream, but appears in no log line and no file the proxy wrote.
+    assert b"DEBUG" in _read(tmp_path / "serve.log")
+    for name in os.listdir(tmp_path):
+        assert KEY.encode() not in _read(tmp_path / name), name
 
 
 @pytest.mark.skipif(not hasattr(__import__("socket"), "SO_REUSEPORT"), reason="no SO_REUSEPORT")
