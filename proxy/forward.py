@@ -210,17 +210,25 @@ async def _relay(
         )
         try:
             await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
+            if exchange.outcome in ("upstream_disconnected", "timeout"):
+                response.force_close()  # a cut body must look cut to the client too
+            elif exchange.outcome != "client_disconnected":
+                try:
+                    await response.write_eof()
+                except ConnectionResetError:
+                    exchange.outcome = "client_disconnected"
+                    exchange.error = "client disconnected before the end of the body"
         except Exception as exc:  # the response has started: a second one cannot be sent
             log.exception("exchange %s failed while relaying", exchange.id)
             exchange.outcome = "proxy_error"
             exchange.error = f"{type(exc).__name__}: {exc}"
             response.force_close()
             return response
+        finally:
+            tee.finish()
         if exchange.outcome == "ok" and upstream_response.status >= 400:
             exchange.outcome = "upstream_error"
             exchange.error = _error_text(exchange.response_json, exchange.response_body)
-        if exchange.outcome in ("upstream_disconnected", "timeout"):
-            response.force_close()  # a cut body must look cut to the client too
         return response
 
 
@@ -269,7 +277,7 @@ async def _pump(
         exchange.outcome = "upstream_disconnected"
         exchange.error = f"upstream connection lost: {exc}"
     finally:
-        rest = tee.close()
+        rest = tee.end()
     if rest and client_here:
         await send(rest)
 

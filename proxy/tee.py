@@ -172,8 +172,8 @@ class StreamTee:
             self._raw_ends.append(len(self._raw))
             self._raw_times.append((time.perf_counter() - self._started) * 1000)
 
-    def close(self) -> bytes:
-        """The body has ended (or broken): finish the record; returns bytes still held."""
+    def end(self) -> bytes:
+        """The body has ended (or broken): parse what is left; returns bytes still held."""
         rest = b""
         if self._readable and self._decoder is not None:
             try:
@@ -189,7 +189,6 @@ class StreamTee:
             drops = self._on_events(self._sse.flush())
             if self._withholder is not None:
                 rest = self._withholder.release(b"", drops, self._sse.offset)
-        self._finish_record()
         return rest
 
     def _on_events(self, events: list[Event]) -> list[tuple[int, int]]:
@@ -249,7 +248,9 @@ class StreamTee:
             return
         self._body += data
 
-    def _finish_record(self) -> None:
+    def finish(self) -> None:
+        """Fill the exchange from what went by. Called once the client has the whole response:
+        building the record must not delay the end of the body."""
         exchange = self.exchange
         result: Any = None
         if self._assembler is not None:
