@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,28 @@ DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 
 class ConfigError(Exception):
     """A configuration problem; the message names the key."""
+
+
+class Frozen(Mapping[str, Any]):
+    """A read-only mapping that pickles (`serve --workers` sends the config to its processes),
+    which `types.MappingProxyType` does not."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Frozen({self._data!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +76,9 @@ class Config:
     upstreams: tuple[Upstream, ...] = field(
         default_factory=lambda: (Upstream("openai", DEFAULT_UPSTREAM, "/v1"),)
     )
+    prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
+    """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
+    shipped table by `proxy.pricing.PriceTable.load`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +183,8 @@ KEYS: dict[str, Key] = {
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
 }
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
+PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
+"""Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
 
 
@@ -188,6 +215,19 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
     return tuple(upstreams)
 
 
+def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
+    """The `[prices.*]` tables, checked now by building the price table they make."""
+    from .pricing import PriceTable  # the shipped table is read only when prices are given
+
+    if not isinstance(raw, dict):
+        raise ConfigError('prices: expected tables of prices ([prices."<model>"])')
+    try:
+        PriceTable.load(raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return Frozen({model: Frozen(fields) for model, fields in raw.items()})
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -213,7 +253,7 @@ def load(
 
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key == "upstreams":
+        if key in ("upstreams", "prices"):
             continue
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown config key (see config.example.toml)")
@@ -229,6 +269,8 @@ def load(
     config = replace(Config(), **values)
     if "upstreams" in raw:
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
+    if "prices" in raw:
+        config = replace(config, prices=_parse_prices(raw["prices"]))
     upstream_url = (overrides or {}).get("upstream") or env.get(ENV_PREFIX + "UPSTREAM")
     if upstream_url:
         first = replace(config.upstreams[0], base_url=_http_url("upstream", upstream_url))

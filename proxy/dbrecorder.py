@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .config import Config
 from .exchange import Exchange
+from .pricing import PriceTable
 from .store.engine import check_connection, create_engine, describe
 from .store.migrate import check_head, upgrade
 from .store.spool import Spool
@@ -60,6 +61,8 @@ class DatabaseRecorder:
     def __init__(self, config: Config, *, engine: AsyncEngine | None = None) -> None:
         self._config = config
         self._engine = engine
+        # Config was validated at load, so this cannot raise for a Config from `config.load`.
+        self._prices = PriceTable.load(config.prices)
         self._queue: asyncio.Queue[Exchange] = asyncio.Queue(config.queue_size)
         self._arrived = asyncio.Event()
         self.spool = Spool(config.spool_path)
@@ -263,7 +266,7 @@ class DatabaseRecorder:
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:
-                rows.append((ex, rows_for(ex)))
+                rows.append((ex, rows_for(ex, self._prices)))
             except Exception as exc:
                 self.spool.set_aside(ex, f"cannot build rows: {exc!r}")
         return rows

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from proxy.config import KEYS, UPSTREAM_KEYS, Config, ConfigError, load
+from proxy.config import KEYS, PRICE_KEYS, UPSTREAM_KEYS, Config, ConfigError, load
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 
@@ -18,7 +19,10 @@ def test_every_key_is_documented_in_the_example() -> None:
     documented = set(re.findall(r"^#?\s*([a-z_]+) = ", text, flags=re.MULTILINE))
     assert set(KEYS) <= documented, f"undocumented: {set(KEYS) - documented}"
     assert set(UPSTREAM_KEYS) <= documented
-    assert documented <= set(KEYS) | set(UPSTREAM_KEYS), "the example names unknown keys"
+    assert set(PRICE_KEYS) <= documented
+    assert re.search(r'^#?\s*\[prices\."[^"]+"\]$', text, flags=re.MULTILINE), "no [prices.x]"
+    known = set(KEYS) | set(UPSTREAM_KEYS) | set(PRICE_KEYS)
+    assert documented <= known, f"the example names unknown keys: {documented - known}"
 
 
 def test_the_example_loads_to_the_defaults() -> None:
@@ -75,6 +79,10 @@ def test_upstreams_and_their_default_prefixes(tmp_path: Path) -> None:
             "upstreams",
         ),
         ("port = \n", {}, "not valid TOML"),
+        ('[prices."gpt-4o"]\ninput = "cheap"\n', {}, "prices.gpt-4o.input"),
+        ('[prices."gpt-4o"]\ninptu = 1\n', {}, "prices.gpt-4o.inptu"),
+        ('[prices."our-model"]\ninput = 1\n', {}, "prices.our-model.output"),
+        ("prices = 1\n", {}, "prices"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], names: str) -> None:
@@ -88,3 +96,31 @@ def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], nam
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load(tmp_path / "nope.toml", env={})
+
+
+def test_the_example_prices_load_and_apply(tmp_path: Path) -> None:
+    from proxy.pricing import PriceTable
+
+    text = EXAMPLE.read_text()
+    commented = text[text.index('# [prices."') :]
+    path = tmp_path / "c.toml"
+    path.write_text("\n".join(line.removeprefix("#").strip() for line in commented.splitlines()))
+    config = load(path, env={})
+    prices = config.prices
+    assert set(prices) == {"gpt-4o", "llama3:8b"}
+    assert pickle.loads(pickle.dumps(config)) == config  # serve --workers sends it over
+    with pytest.raises(TypeError):
+        prices["gpt-4o"]["input"] = 1  # type: ignore[index]
+    table = PriceTable.load(prices)
+    found = table.lookup("gpt-4o-2024-08-06")
+    assert found is not None and (found.key, found.input, found.output) == ("gpt-4o", 2.5, 10.0)
+    assert found.source.endswith("+config")
+    assert table.lookup("llama3:8b") is not None and table.lookup("llama3") is None
+
+
+def test_price_keys_are_the_fields_the_price_table_takes() -> None:
+    from proxy.pricing import PriceTable
+
+    with pytest.raises(ValueError) as info:
+        PriceTable.load({"m": {"input": 1, "output": 1, "bogus": 1}})
+    assert str(info.value).endswith(f"(known: {', '.join(sorted(PRICE_KEYS))})")

@@ -65,7 +65,9 @@ async def test_show_gives_back_what_was_recorded(engine: AsyncEngine) -> None:
     assert (shown["outcome"], shown["stream"], shown["usage_source"]) == ("ok", False, "reported")
     assert (shown["model"], shown["response_model"]) == ("gpt-4o-mini", "gpt-4o-mini-2024-07-18")
     assert (shown["ttfb_ms"], shown["duration_ms"], shown["ttft_ms"]) == (120.5, 130.25, None)
-    assert shown["cost_usd"] is None and shown["replay_of"] is None
+    # gpt-4o-mini by prefix: 5 x 0.15 + 4 cached x 0.075 + 12 x 0.60 per 1M tokens
+    assert (shown["cost_usd"], shown["replay_of"]) == (8.25e-06, None)
+    assert shown["price_entry"].startswith("gpt-4o-mini (table:")
     assert shown["system_fingerprint"] == "fp_test"
     assert shown["upstream_request_id"] == "req_123"
     started = datetime.fromisoformat(shown["started_at"])

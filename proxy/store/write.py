@@ -5,6 +5,9 @@ completions, choices, usage, logprobs) and the fingerprint counts are written on
 that came back, so a batch replayed after an unknown commit outcome, or a spool drained twice,
 never writes anything twice. Row building tolerates any JSON shape: a vendor's odd response
 loses its projection rows, never its record.
+
+Row building also prices the exchange (`cost_for`): it runs in the writer's thread, never on
+the relay's path, and `flightrec cost --reprice` uses the same function on stored rows.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import gzip
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, NamedTuple
 
 import asyncpg  # type: ignore[import-untyped]
@@ -21,6 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..exchange import Exchange
+from ..pricing import Price, PriceTable
 from . import tables as t
 from .engine import dumps
 
@@ -85,12 +90,42 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def rows_for(ex: Exchange) -> Rows:
+@cache
+def shipped_prices() -> PriceTable:
+    """The price table as shipped, for callers that have no config."""
+    return PriceTable.load()
+
+
+def price_entry(price: Price) -> str:
+    """What `exchanges.price_entry` holds: the key and where its rates came from."""
+    return f"{price.key} ({price.source})"
+
+
+def cost_for(
+    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
+) -> tuple[float | None, str | None]:
+    """(`cost_usd`, `price_entry`) of one exchange; (None, None) when it cannot be priced.
+
+    The model that answered (`response_model`) is priced; the requested one only when the
+    response names none. A response model the table does not know stays unpriced rather than
+    being billed at the rates of the model that was asked for.
+    """
+    cost, price = prices.cost(response_model or model, usage)
+    if cost is None or price is None:
+        return None, None
+    return cost, price_entry(price)
+
+
+def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
+    """The rows of one exchange, priced with `prices` (default: the shipped table)."""
     bodies = stored_bodies(ex)
     started = datetime.fromtimestamp(ex.started_at, UTC)
     response = _dict(ex.response_json)
     fingerprint = _text(ex.system_fingerprint) or _text(response.get("system_fingerprint"))
     response_model = _text(ex.response_model) or _text(response.get("model"))
+    usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
+    model = _text(ex.model)
+    cost, entry = cost_for(prices or shipped_prices(), model, response_model, usage)
     rows = Rows(
         exchange={
             "id": ex.id,
@@ -102,7 +137,7 @@ def rows_for(ex: Exchange) -> Rows:
             "upstream_url": _text(ex.upstream_url) or "",
             "status": _int(ex.status),
             "stream": bool(ex.stream),
-            "model": _text(ex.model),
+            "model": model,
             "response_model": response_model,
             "outcome": _text(ex.outcome) or "ok",
             "error": _text(ex.error),
@@ -126,8 +161,8 @@ def rows_for(ex: Exchange) -> Rows:
             "usage_source": _text(ex.usage_source),
             "system_fingerprint": fingerprint,
             "parse_errors": list(ex.parse_errors) or None,
-            "cost_usd": None,
-            "price_entry": None,
+            "cost_usd": cost,
+            "price_entry": entry,
         },
         tags=[
             {"exchange_id": ex.id, "key": _text(key), "value": _text(value) or ""}
@@ -135,7 +170,6 @@ def rows_for(ex: Exchange) -> Rows:
             if isinstance(key, str)
         ],
     )
-    usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
     if usage is not None:
         rows.usage.append(usage_row(ex.id, usage))
     # Choices and logprobs are the response's content: an omitted response has none of them.

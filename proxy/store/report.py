@@ -1,0 +1,344 @@
+"""The spend report behind `flightrec cost`, and `--reprice`.
+
+`cost_report` is one SQL GROUP BY per call: `exchanges` joined with `usage` (and with `tags`
+for `--by tag:<k>` or `--tag` filters), aggregated by the database, so a report over millions
+of exchanges never brings a row into Python. `reprice` walks the stored exchanges by id in
+batches and re-prices each with today's table (`write.cost_for`, as the writer does).
+
+What the report counts (docs/cost.md says it for users):
+
+- `requests`: every exchange in the group, whatever its endpoint or outcome.
+- token columns: sums of the `usage` columns (a missing count adds 0).
+- `cost_usd`: the sum of the stored costs. Summed in SQL as whole nano-dollars (each cost is
+  rounded to 1e-9 USD first), so the sum is exact, the same on both engines and in every
+  grouping: the groups of any `--by` add up to the same grand total, to the last digit. None
+  when the group has unpriced exchanges and no priced one: such a group is unknown, not free.
+- `unpriced_requests`: exchanges that should have a cost and have none: usage was recorded
+  but its model has no price (or the usage has no shape we can price), or the endpoint
+  reports usage and the response had none (`usage_source = 'missing'`, e.g. a stream cut
+  short). An exchange that never carries usage (`/models`, an upstream error) is a request
+  that cost nothing, not an unpriced one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..pricing import PriceTable
+from . import tables as t
+from .write import cost_for
+
+GROUPS = ("model", "key", "user", "day", "upstream")
+"""`--by` values besides `tag:<key>`."""
+NANO = Decimal("1e-9")
+COLUMNS = (
+    "group",
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "unpriced_requests",
+)
+"""The fields of each report row (SPEC section 6), in output order."""
+
+
+def parse_by(text: str) -> str:
+    """A `--by` value, checked: one of `GROUPS` or `tag:<key>` (key lower-cased)."""
+    value = text.strip()
+    if value.lower().startswith("tag:"):
+        key = value[4:].strip().lower()
+        if not key:
+            raise ValueError("expected tag:<key>, e.g. tag:team")
+        return f"tag:{key}"
+    if value not in GROUPS:
+        raise ValueError(f"expected one of {', '.join(GROUPS)} or tag:<key>, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which exchanges a report or a reprice covers; every given filter must match."""
+
+    since: datetime | None = None
+    """Exchanges started at or after this (UTC-aware)."""
+    until: datetime | None = None
+    """Exchanges started before this."""
+    model: str | None = None
+    """The requested or the answering model, exactly."""
+    key: str | None = None
+    """The key's hint (`sk-...a1b2`) or its hash, or a prefix of the hash."""
+    tags: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def where(self) -> list[sa.ColumnElement[bool]]:
+        ex = t.exchanges
+        found: list[sa.ColumnElement[bool]] = []
+        if self.since is not None:
+            found.append(ex.c.started_at >= self.since)
+        if self.until is not None:
+            found.append(ex.c.started_at < self.until)
+        if self.model is not None:
+            found.append(sa.or_(ex.c.model == self.model, ex.c.response_model == self.model))
+        if self.key is not None:
+            found.append(
+                sa.or_(
+                    ex.c.key_hint == self.key,
+                    ex.c.key_hash.startswith(self.key.lower(), autoescape=True),
+                )
+            )
+        for key, value in self.tags:
+            found.append(
+                sa.exists().where(
+                    t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
+                )
+            )
+        return found
+
+
+def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
+    """The expression to group on, and the FROM clause it needs."""
+    ex, usage = t.exchanges, t.usage
+    source: Any = ex.outerjoin(usage, usage.c.exchange_id == ex.c.id)
+    if by.startswith("tag:"):
+        # (exchange_id, key) is the primary key of tags: at most one row joins per exchange,
+        # so the groups still add up to the total.
+        tag = t.tags.alias("grouped_tag")
+        on = sa.and_(tag.c.exchange_id == ex.c.id, tag.c.key == by[4:])
+        return tag.c.value, source.outerjoin(tag, on)
+    if by == "model":
+        # What answered is what was priced; the requested model when the response named none.
+        return sa.func.coalesce(ex.c.response_model, ex.c.model), source
+    plain = {"key": ex.c.key_hash, "user": ex.c.end_user, "upstream": ex.c.upstream}.get(by)
+    if plain is not None:
+        if dialect == "sqlite":
+            # SQLite would walk the (column, started_at) index to get groups in order, one
+            # random table read per exchange: 3-5x slower than a scan and a sort. The same
+            # value wrapped in an expression is not indexed.
+            return sa.func.coalesce(plain, sa.null()), source
+        return plain, source
+    # day, in UTC: SQLite stores UTC times as 'YYYY-MM-DD HH:MM:SS...' text.
+    if dialect == "postgresql":
+        day = sa.func.to_char(sa.func.timezone("UTC", ex.c.started_at), "YYYY-MM-DD")
+        return day, source
+    return sa.func.substr(ex.c.started_at, 1, 10), source
+
+
+def _report_query(by: str, filters: Filters, dialect: str) -> sa.Select[Any]:
+    ex, usage = t.exchanges, t.usage
+    group, source = _group_column(by, dialect)
+    nano = sa.cast(sa.func.round(ex.c.cost_usd * 1e9), sa.BigInteger)
+    unpriced = sa.and_(
+        ex.c.cost_usd.is_(None),
+        sa.or_(usage.c.exchange_id.is_not(None), ex.c.usage_source == "missing"),
+    )
+    columns: list[Any] = [
+        group.label("group"),
+        sa.func.count().label("requests"),
+        sa.func.sum(usage.c.prompt_tokens).label("prompt_tokens"),
+        sa.func.sum(usage.c.cached_tokens).label("cached_tokens"),
+        sa.func.sum(usage.c.completion_tokens).label("completion_tokens"),
+        sa.func.sum(usage.c.reasoning_tokens).label("reasoning_tokens"),
+        sa.func.sum(nano).label("cost_nano"),
+        sa.func.count(ex.c.cost_usd).label("priced"),
+        sa.func.sum(sa.case((unpriced, 1), else_=0)).label("unpriced_requests"),
+    ]
+    if by == "key":
+        columns.append(sa.func.max(ex.c.key_hint).label("key_hint"))
+    return sa.select(*columns).select_from(source).where(*filters.where()).group_by(group)
+
+
+def _row(found: Any, by: str) -> dict[str, Any]:
+    nano = int(found.cost_nano or 0)
+    unpriced = int(found.unpriced_requests or 0)
+    row: dict[str, Any] = {
+        "group": found.group,
+        "requests": int(found.requests),
+        "prompt_tokens": int(found.prompt_tokens or 0),
+        "cached_tokens": int(found.cached_tokens or 0),
+        "completion_tokens": int(found.completion_tokens or 0),
+        "reasoning_tokens": int(found.reasoning_tokens or 0),
+        # Exact: a whole number of nano-dollars, as a Decimal.
+        "cost_usd": None if found.priced == 0 and unpriced else nano * NANO,
+        "unpriced_requests": unpriced,
+    }
+    if by == "key":
+        row["key_hint"] = found.key_hint
+    return row
+
+
+def _order(by: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if by == "day":
+        return sorted(rows, key=lambda r: (r["group"] is None, r["group"] or ""))
+    # Dearest first; unknown-cost groups after the priced ones, then by size.
+    return sorted(
+        rows,
+        key=lambda r: (
+            r["cost_usd"] is None,
+            -(r["cost_usd"] or 0),
+            -r["requests"],
+            str(r["group"]),
+        ),
+    )
+
+
+async def cost_report(
+    engine: AsyncEngine, by: str = "model", filters: Filters | None = None
+) -> list[dict[str, Any]]:
+    """One row per group: `COLUMNS` (`cost_usd` a Decimal, or None), plus `key_hint` by key."""
+    by = parse_by(by)
+    query = _report_query(by, filters or Filters(), engine.dialect.name)
+    async with engine.connect() as conn:
+        found = (await conn.execute(query)).all()
+    return _order(by, [_row(row, by) for row in found])
+
+
+def total(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The grand total of report rows (exact: costs are Decimals)."""
+    rows = list(rows)
+    out: dict[str, Any] = {"group": "TOTAL"}
+    for column in COLUMNS[1:]:
+        values = [row[column] for row in rows]
+        if column == "cost_usd":
+            known = [v for v in values if v is not None]
+            unknown = len(known) < len(values)
+            out[column] = None if unknown and not known else sum(known, Decimal(0))
+        else:
+            out[column] = sum(values)
+    return out
+
+
+@dataclass(slots=True)
+class Repriced:
+    seen: int = 0
+    """Exchanges looked at."""
+    changed: int = 0
+    """Exchanges whose `cost_usd` or `price_entry` changed."""
+
+
+async def reprice(
+    engine: AsyncEngine,
+    prices: PriceTable,
+    filters: Filters | None = None,
+    *,
+    batch_size: int = 5000,
+) -> Repriced:
+    """Recompute `cost_usd`/`price_entry` of stored exchanges with `prices`.
+
+    Walks exchanges by id (keyset), one transaction per batch, so the proxy can go on writing
+    between batches; only rows whose cost or entry changed are updated.
+    """
+    ex, usage = t.exchanges, t.usage
+    where = (filters or Filters()).where()
+    query = (
+        sa.select(
+            ex.c.id, ex.c.model, ex.c.response_model, ex.c.cost_usd, ex.c.price_entry, usage.c.raw
+        )
+        .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
+        .where(*where)
+        .order_by(ex.c.id)
+        .limit(batch_size)
+    )
+    update = (
+        sa.update(ex)
+        .where(ex.c.id == sa.bindparam("b_id"))
+        .values(cost_usd=sa.bindparam("b_cost"), price_entry=sa.bindparam("b_entry"))
+    )
+    done = Repriced()
+    last: str | None = None
+    while True:
+        async with engine.begin() as conn:
+            page = query if last is None else query.where(ex.c.id > last)
+            found = (await conn.execute(page)).all()
+            if not found:
+                return done
+            done.seen += len(found)
+            last = found[-1].id
+            changes = _changes(prices, found)
+            done.changed += len(changes)
+            await _update(conn, update, changes)
+
+
+def _changes(prices: PriceTable, found: Iterable[Any]) -> list[dict[str, Any]]:
+    changes = []
+    for row in found:
+        cost, entry = cost_for(prices, row.model, row.response_model, row.raw)
+        if (cost, entry) != (row.cost_usd, row.price_entry):
+            changes.append({"b_id": row.id, "b_cost": cost, "b_entry": entry})
+    return changes
+
+
+async def _update(conn: AsyncConnection, update: Any, changes: list[dict[str, Any]]) -> None:
+    if changes:
+        await conn.execute(update, changes)
+
+
+def usd(value: Decimal | None) -> str:
+    """An exact cost for people and CSV: '0.0012345', '12.50'; '' when unknown."""
+    if value is None:
+        return ""
+    whole, _, fraction = f"{value:.9f}".partition(".")
+    return f"{whole}.{fraction.rstrip('0').ljust(2, '0')}"
+
+
+def as_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows for `--format json`; a cost has at most 15 significant digits, so the float's
+    shortest form (what JSON gets) is the exact decimal."""
+    return [
+        {**row, "cost_usd": None if row["cost_usd"] is None else float(row["cost_usd"])}
+        for row in rows
+    ]
+
+
+def as_csv(rows: list[dict[str, Any]], by: str) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    columns = [*COLUMNS, "key_hint"] if by == "key" else list(COLUMNS)
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        cells = {**row, "cost_usd": usd(row["cost_usd"])}
+        writer.writerow(["" if cells[c] is None else cells[c] for c in columns])
+    return out.getvalue()
+
+
+def as_table(rows: list[dict[str, Any]], by: str) -> str:
+    """Aligned columns and a TOTAL row; an unknown group is '(none)', an unknown cost '-'."""
+    header = [by.upper(), "REQUESTS", "PROMPT", "CACHED", "COMPLETION", "REASONING"]
+    header += ["COST USD", "UNPRICED"]
+    if by == "key":
+        header.insert(1, "HINT")
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        group = row["group"]
+        line = ["(none)" if group is None else str(group)]
+        if by == "key":
+            line.append(row.get("key_hint") or "-")
+        line += [f"{row[c]:,}" for c in COLUMNS[1:6]]
+        line += [usd(row["cost_usd"]) or "-", f"{row['unpriced_requests']:,}"]
+        return line
+
+    lines = [header, *(cells(row) for row in rows)]
+    summed = cells(total(rows))
+    if by == "key":
+        summed[1] = ""
+    widths = [max(len(line[i]) for line in [*lines, summed]) for i in range(len(header))]
+    texts = 2 if by == "key" else 1  # left-aligned text columns, numbers to the right
+
+    def render(line: list[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if i < texts else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([*(render(line) for line in lines), rule, render(summed)])
