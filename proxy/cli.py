@@ -218,3 +218,320 @@ def show(config_path: str | None, exchange_id: str, as_json: bool) -> None:
         _print_json(shown)
     else:
         click.echo(read.render_exchange(shown))
+
+
+# --- `cost`: the spend report (thin; the SQL is in proxy/store/report.py) ---
+
+
+def _parse_by(value: str) -> str:
+    from .store.report import parse_by
+
+    return parse_by(value)
+
+
+@main.command()
+@config_option
+@click.option(
+    "--by",
+    default="model",
+    show_default=True,
+    callback=_parse_with(_parse_by),
+    help="Group by model, key, user, tag:<key>, day (UTC) or upstream.",
+)
+@click.option(
+    "--since",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Only exchanges since T (15m, 2h, 7d, or an ISO date/time; local if no zone).",
+)
+@click.option(
+    "--until",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Only exchanges before T (same forms as --since).",
+)
+@click.option("--model", default=None, help="Only exchanges that requested or got this model.")
+@click.option("--key", default=None, help="Only this API key: its hint (sk-...a1b2) or hash.")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    callback=_parse_with(_parse_tag),
+    help="Only exchanges with tag k=v (repeatable; all must match).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
+@click.option(
+    "--reprice",
+    is_flag=True,
+    help="First recompute the stored costs with today's prices (shipped table + config).",
+)
+@user_errors
+def cost(
+    config_path: str | None,
+    by: str,
+    since: Any,
+    until: Any,
+    model: str | None,
+    key: str | None,
+    tags: list[tuple[str, str]],
+    fmt: str,
+    reprice: bool,
+) -> None:
+    """Spend per model, key, user, tag, day or upstream, with a total."""
+    from .pricing import PriceTable
+    from .store import read, report
+
+    cfg = load_config(config_path)
+    if since is not None and until is not None and since >= until:
+        raise click.UsageError("--since must be earlier than --until")
+    filters = report.Filters(since, until, model, key, tuple(tags))
+
+    async def run() -> tuple[report.Repriced | None, list[dict[str, Any]]]:
+        async with read.reading(cfg.db_url) as engine:
+            repriced = None
+            if reprice:
+                repriced = await report.reprice(engine, PriceTable.load(cfg.prices), filters)
+            return repriced, await report.cost_report(engine, by, filters)
+
+    repriced, rows = asyncio.run(run())
+    if repriced is not None:
+        click.echo(f"repriced {repriced.seen} exchanges: {repriced.changed} changed", err=True)
+    if fmt == "json":
+        _print_json(report.as_json(rows))
+    elif fmt == "csv":
+        click.echo(report.as_csv(rows, by), nl=False)
+    else:
+        click.echo(report.as_table(rows, by))
+
+
+# --- `replay`, `playback`, `export` (thin; the work is in proxy/replay.py, proxy/playback.py
+# and proxy/export.py) ---
+
+
+def _parse_match(value: str) -> tuple[str, ...]:
+    """`exact`, or `ignore-fields=F,G` (also `ignore-fields:F,G` or `ignore-fields F,G`)."""
+    if value == "exact":
+        return ()
+    name, sep, fields = value[:13], value[13:14], value[14:]
+    found = tuple(f.strip() for f in fields.split(",") if f.strip())
+    if name != "ignore-fields" or sep not in ("=", ":", " ") or not found:
+        raise ValueError(f"expected exact or ignore-fields=F,G,... got {value!r}")
+    return found
+
+
+def _filters(
+    since: Any,
+    until: Any,
+    model: str | None,
+    tags: list[tuple[str, str]],
+    limit: int | None,
+    originals_only: bool = False,
+) -> Any:
+    from .store.scan import Filters
+
+    if since is not None and until is not None and since >= until:
+        raise click.UsageError("--since must be earlier than --until")
+    return Filters(since, until, model, tuple(tags), limit, originals_only)
+
+
+@main.command()
+@config_option
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--model", default=None, help="Send the requests to this model instead.")
+@click.option("--upstream", "upstream_name", default=None, help="Send to this upstream (name).")
+@click.option("--stream/--no-stream", default=None, help="Force streaming on or off.")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--api-key-env",
+    default=None,
+    help="Environment variable with the API key (default: the upstream's api_key_env).",
+)
+@click.option(
+    "--since",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Select instead of IDs: exchanges since T (15m, 2h, 7d, ISO date/time).",
+)
+@click.option("--from-model", default=None, help="Select: exchanges that requested this model.")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    callback=_parse_with(_parse_tag),
+    help="Select: exchanges with tag k=v (repeatable).",
+)
+@click.option(
+    "--limit", default=None, type=click.IntRange(min=1), help="Select: the newest N (default 10)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of comparisons.")
+@user_errors
+def replay(
+    config_path: str | None,
+    ids: tuple[str, ...],
+    model: str | None,
+    upstream_name: str | None,
+    stream: bool | None,
+    concurrency: int,
+    api_key_env: str | None,
+    since: Any,
+    from_model: str | None,
+    tags: list[tuple[str, str]],
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """Re-send recorded requests through the proxy, record them, compare with the originals.
+
+    Exit status 1 when a replay did not succeed (its failure is recorded and shown)."""
+    from . import replay as replay_mod
+
+    selecting = since is not None or from_model is not None or bool(tags) or limit is not None
+    if bool(ids) == selecting:
+        raise click.UsageError(
+            "give exchange IDs, or select with --since/--from-model/--tag/--limit"
+        )
+    filters = _filters(since, None, from_model, tags, limit or 10, True) if selecting else None
+    options = replay_mod.ReplayOptions(model, upstream_name, stream, concurrency, api_key_env)
+    cfg = load_config(config_path)
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        comparisons = asyncio.run(replay_mod.replay(cfg, list(ids), options, filters=filters))
+    except replay_mod.ReplayError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        _print_json(comparisons)
+    else:
+        click.echo(replay_mod.render(comparisons))
+    if any(c["outcome"] != "ok" for c in comparisons):
+        raise SystemExit(1)
+
+
+@main.command()
+@config_option
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port to listen on (default 8080).")
+@click.option(
+    "--match",
+    "ignore_fields",
+    default="exact",
+    show_default=True,
+    callback=_parse_with(_parse_match),
+    help="exact, or ignore-fields=F,G: body fields (dotted paths) left out of the match.",
+)
+@click.option(
+    "--miss",
+    type=click.Choice(["error", "forward"]),
+    default="error",
+    show_default=True,
+    help="No recorded match: an OpenAI-shaped 404, or forward upstream and record.",
+)
+@click.option(
+    "--timing",
+    type=click.Choice(["recorded", "fast"]),
+    default="fast",
+    show_default=True,
+    help="Streams at their recorded pace, or at once.",
+)
+@click.option("--upstream", default=None, help="Base URL of the first upstream (--miss forward).")
+@click.option("--db", "db_url", default=None, help="Database URL.")
+@user_errors
+def playback(
+    config_path: str | None,
+    host: str | None,
+    port: int | None,
+    ignore_fields: tuple[str, ...],
+    miss: Any,
+    timing: Any,
+    upstream: str | None,
+    db_url: str | None,
+) -> None:
+    """Serve recorded responses as a deterministic mock upstream."""
+    from . import playback as playback_mod
+
+    cfg = load_config(config_path, host=host, port=port, upstream=upstream, db_url=db_url)
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    options = playback_mod.PlaybackOptions(ignore_fields, miss, timing)
+    asyncio.run(playback_mod.run(cfg, options))
+
+
+@main.command()
+@config_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "csv", "har", "batch"]), default="jsonl",
+    show_default=True,
+)  # fmt: skip
+@click.option(
+    "--since",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Only exchanges since T (15m, 2h, 7d, or an ISO date/time; local if no zone).",
+)
+@click.option(
+    "--until",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Only exchanges before T (same forms as --since).",
+)
+@click.option("--model", default=None, help="Only exchanges that requested this model.")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    callback=_parse_with(_parse_tag),
+    help="Only exchanges with tag k=v (repeatable; all must match).",
+)
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="At most N exchanges.")
+@click.option(
+    "--endpoint",
+    default="/v1/chat/completions",
+    show_default=True,
+    help="--format batch: the one endpoint the batch runs.",
+)
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False), default=None, help="File (default stdout)."
+)
+@user_errors
+def export(
+    config_path: str | None,
+    fmt: str,
+    since: Any,
+    until: Any,
+    model: str | None,
+    tags: list[tuple[str, str]],
+    limit: int | None,
+    endpoint: str,
+    output: str | None,
+) -> None:
+    """Export exchanges, oldest first: JSONL, CSV, HAR 1.2 or OpenAI Batch API input."""
+    import contextlib
+    import sys
+
+    from . import export as export_mod
+    from .store import read
+
+    if endpoint not in export_mod.BATCH_ENDPOINTS:
+        raise click.BadParameter(
+            f"expected one of {', '.join(export_mod.BATCH_ENDPOINTS)}", param_hint="--endpoint"
+        )
+    filters = _filters(since, until, model, tags, limit)
+    cfg = load_config(config_path)
+
+    async def run(write: export_mod.Write) -> int:
+        async with read.reading(cfg.db_url) as engine:
+            return await export_mod.export(
+                engine, write, fmt, filters, upstreams=cfg.upstreams, endpoint=endpoint
+            )
+
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout.buffer if output is None else stack.enter_context(open(output, "wb"))
+        count = asyncio.run(run(out.write))
+        out.flush()
+    if output is not None:
+        click.echo(f"exported {count} exchanges to {output}", err=True)

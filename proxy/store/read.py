@@ -172,6 +172,12 @@ async def get_exchange(engine: AsyncEngine, exchange_id: str) -> dict[str, Any]:
         query = sa.select(t.usage.c.raw).where(t.usage.c.exchange_id == row["id"])
         usage = (await conn.execute(query)).scalar()
         tags = (await _tags(conn, [row["id"]]))[row["id"]]
+    return exchange_record(row, usage, tags)
+
+
+def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any]:
+    """The `show --json` object from an `exchanges` row (a mapping), its usage and tags;
+    `export --format jsonl` writes the same object."""
     return {
         "id": row["id"],
         "started_at": _iso(row["started_at"]),
