@@ -1,0 +1,50 @@
+"""The bench harness, run for real at toy sizes: mock upstream, bare relay and flightrec (with
+the in-memory recorder) as child processes, the load generator in its own process. Checks that
+the parts work together and the figures come out sane, never how fast anything is."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from bench import report
+from bench.__main__ import Plan, run
+
+TINY = Plan(
+    rounds=1,
+    seconds=10.0,  # a cap never reached: the counts are what is checked
+    requests=300,  # enough for the CPU time (in 10 ms ticks) to move
+    ttfb_chunks=4,
+    ttfb_interval_ms=0.0,
+    streams=6,
+    stream_chunks=10,
+    stream_interval_ms=5.0,
+    streams_rounds=1,
+)
+
+
+def test_harness_runs_end_to_end(tmp_path: Path) -> None:
+    names = ["direct", "relay", "flightrec-memory"]
+    measures = ["latency", "ttfb", "cpu", "streams"]
+    results = run(TINY, names, measures, tmp_path, pg="", install=False)
+
+    raw = results["raw"]
+    for measure in ("latency", "ttfb", "cpu"):
+        for name in names:
+            (result,) = raw[measure][name]
+            assert result["errors"] == 0, (measure, name, result)
+            assert result["ok"] == TINY.requests, (measure, name, result)
+    for name in names:
+        (streams,) = raw["streams"][name]
+        assert streams["ok"] == TINY.streams and streams["errors"] == 0, streams
+        assert streams["events_min"] == TINY.stream_chunks + 1  # the chunks, then [DONE]
+    assert raw["streams"]["flightrec-memory"][0]["recorded"] == TINY.streams
+
+    summary = results["summary"]
+    for name in ("relay", "flightrec-memory"):
+        for metric in ("cpu_us", "added_p50_ms", "added_ttfb_p50_ms"):
+            assert math.isfinite(summary[name][metric]) and summary[name][metric] > 0
+        assert math.isfinite(summary[name]["cpu_per_chunk_us"])
+    assert summary["relay"]["cpu_us_x"] == 1.0
+    assert math.isfinite(summary["flightrec-memory"]["cpu_us_x"])
+    assert "| flightrec-memory |" in report.markdown(results)
