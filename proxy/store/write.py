@@ -1,10 +1,10 @@
 """Exchanges into rows: one transaction per batch, bulk inserts, idempotent by exchange id.
 
-`exchanges` is inserted with ON CONFLICT DO NOTHING ... RETURNING id; child rows (tags,
-completions, choices, usage, logprobs) and the fingerprint counts are written only for the ids
-that came back, so a batch replayed after an unknown commit outcome, or a spool drained twice,
-never writes anything twice. Row building tolerates any JSON shape: a vendor's odd response
-loses its projection rows, never its record.
+A batch first asks which of its exchange ids are stored already; the exchange and child rows
+(tags, completions, choices, usage, logprobs, raw streams) and the fingerprint counts are
+written only for the others, so a batch replayed after an unknown commit outcome, or a spool
+drained twice, never writes anything twice. Row building tolerates any JSON shape: a vendor's
+odd response loses its projection rows, never its record.
 
 Row building also prices the exchange (`cost_for`): it runs in the writer's thread, never on
 the relay's path, and `flightrec cost --reprice` uses the same function on stored rows.
@@ -300,15 +300,14 @@ async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     by_id: dict[str, Rows] = {}
     for rows in batch:
         by_id.setdefault(rows.exchange["id"], rows)
-    unique = list(by_id.values())
-    if not unique:
+    if not by_id:
         return 0
-    insert = _insert(conn, t.exchanges).on_conflict_do_nothing(index_elements=["id"])
-    result = await conn.execute(
-        insert.returning(t.exchanges.c.id), [rows.exchange for rows in unique]
-    )
-    new_ids = set(result.scalars())
-    fresh = [rows for rows in unique if rows.exchange["id"] in new_ids]
+    known = await conn.execute(sa.select(t.exchanges.c.id).where(t.exchanges.c.id.in_(by_id)))
+    stored = set(known.scalars())
+    fresh = [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]
+    if not fresh:
+        return 0
+    await _bulk_insert(conn, t.exchanges, [rows.exchange for rows in fresh])
     for table, attr in (
         (t.tags, "tags"),
         (t.completions, "completions"),
@@ -318,38 +317,81 @@ async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
         (t.raw_streams, "raw_streams"),
     ):
         children = [row for rows in fresh for row in getattr(rows, attr)]
-        if not children:
-            continue
-        if conn.dialect.name == "postgresql":
-            await _copy(conn, table, children)
-        else:
-            await conn.execute(sa.insert(table), children)
+        if children:
+            await _bulk_insert(conn, table, children)
     await _count_fingerprints(conn, [rows.fingerprint for rows in fresh if rows.fingerprint])
     return len(fresh)
 
 
-async def _copy(conn: AsyncConnection, table: sa.Table, rows: list[Row]) -> None:
-    """Child rows into PostgreSQL by binary COPY, in the caller's transaction.
+_SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
+"""How SQLAlchemy's SQLite DateTime stores times (UTC wall clock), so reads parse them back."""
 
-    A batch with logprobs is tens of thousands of rows: COPY takes them several times faster
-    than multi-row INSERTs (bench/bench_record.py). Only ids new in this transaction get
-    here, so COPY's lack of ON CONFLICT costs nothing.
-    """
-    raw = await conn.get_raw_connection()
-    driver: asyncpg.Connection = raw.driver_connection
+
+@cache
+def _layout(table: sa.Table) -> tuple[list[str], list[tuple[int, bool]], list[int], str]:
+    """Columns, JSON/time column positions, and the SQLite INSERT of a table, made once."""
     columns = [column.name for column in table.columns]
-    json_columns = {column.name for column in table.columns if isinstance(column.type, sa.JSON)}
-    records = [
-        tuple(
-            dumps(row[c]) if c in json_columns and row[c] is not None else row[c] for c in columns
-        )
-        for row in rows
-    ]
-    try:
-        await driver.copy_records_to_table(table.name, records=records, columns=columns)
-    except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
-        # The data's fault, not the database's: the recorder sets such records aside.
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    json_at = [(i, True) for i, c in enumerate(table.columns) if isinstance(c.type, sa.JSON)]
+    time_at = [i for i, c in enumerate(table.columns) if isinstance(c.type, sa.DateTime)]
+    names = ", ".join(f'"{name}"' for name in columns)
+    sql = f'INSERT INTO "{table.name}" ({names}) VALUES ({", ".join("?" * len(columns))})'
+    return columns, json_at, time_at, sql
+
+
+def _records(table: sa.Table, rows: list[Row], *, sqlite_times: bool) -> list[tuple[Any, ...]]:
+    """Rows as driver-ready tuples: JSON serialised once (orjson), times as SQLite text."""
+    columns, json_at, time_at, _ = _layout(table)
+    special = json_at + [(i, False) for i in time_at] if sqlite_times else json_at
+    records = []
+    for row in rows:
+        values = [row[c] for c in columns]
+        for i, is_json in special:
+            value = values[i]
+            if value is not None:
+                values[i] = dumps(value) if is_json else value.strftime(_SQLITE_TIME)
+        records.append(tuple(values))
+    return records
+
+
+async def _bulk_insert(conn: AsyncConnection, table: sa.Table, rows: list[Row]) -> None:
+    """Rows into a table at driver level: COPY on PostgreSQL, one executemany on SQLite.
+
+    Only exchanges not yet stored get here (checked in the same transaction; a process writes
+    its own exchanges one batch at a time), so no ON CONFLICT is needed. SQLAlchemy's general
+    execution path processed every parameter of every row in Python on the event loop's
+    thread, which cost more than SQLite's own work (bench/bench_record.py, bench/).
+    """
+    if conn.dialect.name == "postgresql":
+        raw = await conn.get_raw_connection()
+        driver: asyncpg.Connection = raw.driver_connection
+        columns = _layout(table)[0]
+        records = _records(table, rows, sqlite_times=False)
+        try:
+            await driver.copy_records_to_table(table.name, records=records, columns=columns)
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            # The data's fault, not the database's: the recorder sets such records aside.
+            raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    else:
+        records = _records(table, rows, sqlite_times=True)
+        per = _sqlite_rows_per_insert(len(records[0]))
+        for start in range(0, len(records), per):
+            chunk = records[start : start + per]
+            flat = tuple(value for record in chunk for value in record)
+            await conn.exec_driver_sql(_sqlite_insert(table, len(chunk)), flat)
+
+
+def _sqlite_rows_per_insert(width: int) -> int:
+    # One multi-row INSERT per chunk, not executemany: sqlite3 gives up the GIL around every
+    # statement step, and a step per row made the writer and the event loop trade the GIL
+    # row by row. 32766 is SQLite's limit on bound parameters since 3.32.
+    return max(1, min(500, 32_000 // width))
+
+
+@cache
+def _sqlite_insert(table: sa.Table, count: int) -> str:
+    columns, _, _, single = _layout(table)
+    one = "(" + ", ".join("?" * len(columns)) + ")"
+    return single.rsplit(" VALUES ", 1)[0] + " VALUES " + ", ".join([one] * count)
 
 
 async def _count_fingerprints(conn: AsyncConnection, seen: list[Row]) -> None:
