@@ -180,8 +180,9 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
         rows.raw_streams.append(
             {
                 "exchange_id": ex.id,
-                # Level 6: SSE text shrinks ~5x; this runs in the writer's thread, not the relay.
-                "gz": gzip.compress(bodies.raw_stream, compresslevel=6, mtime=0),
+                # Level 1: chunk JSON still shrinks ~24:1 (31:1 at level 6) at less than half
+                # the CPU (1.9 vs 4.4 us per KiB), and this runs on the writer's event loop.
+                "gz": gzip.compress(bodies.raw_stream, compresslevel=1, mtime=0),
                 "pacing": [list(p) for p in pacing] if isinstance(pacing, list) else None,
             }
         )
