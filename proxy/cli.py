@@ -153,23 +153,34 @@ def _parse_since(value: str) -> Any:
     return parse_since(value)
 
 
-@main.command()
-@config_option
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
-@click.option("--model", default=None, help="Only exchanges that requested this model.")
-@click.option(
+# The selection options several commands share, declared once.
+since_option = click.option(
     "--since",
     default=None,
     callback=_parse_with(_parse_since),
     help="Only exchanges since T: 15m, 2h, 7d, or an ISO date/time (local if no zone).",
 )
-@click.option(
+until_option = click.option(
+    "--until",
+    default=None,
+    callback=_parse_with(_parse_since),
+    help="Only exchanges before T (same forms as --since).",
+)
+tag_option = click.option(
     "--tag",
     "tags",
     multiple=True,
     callback=_parse_with(_parse_tag),
     help="Only exchanges with tag k=v (repeatable; all must match).",
 )
+
+
+@main.command()
+@config_option
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option("--model", default=None, help="Only exchanges that requested this model.")
+@since_option
+@tag_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @user_errors
 def logs(
@@ -238,27 +249,11 @@ def _parse_by(value: str) -> str:
     callback=_parse_with(_parse_by),
     help="Group by model, key, user, tag:<key>, day (UTC) or upstream.",
 )
-@click.option(
-    "--since",
-    default=None,
-    callback=_parse_with(_parse_since),
-    help="Only exchanges since T (15m, 2h, 7d, or an ISO date/time; local if no zone).",
-)
-@click.option(
-    "--until",
-    default=None,
-    callback=_parse_with(_parse_since),
-    help="Only exchanges before T (same forms as --since).",
-)
+@since_option
+@until_option
 @click.option("--model", default=None, help="Only exchanges that requested or got this model.")
 @click.option("--key", default=None, help="Only this API key: its hint (sk-...a1b2) or hash.")
-@click.option(
-    "--tag",
-    "tags",
-    multiple=True,
-    callback=_parse_with(_parse_tag),
-    help="Only exchanges with tag k=v (repeatable; all must match).",
-)
+@tag_option
 @click.option(
     "--format",
     "fmt",
@@ -352,20 +347,9 @@ def _filters(
     default=None,
     help="Environment variable with the API key (default: the upstream's api_key_env).",
 )
-@click.option(
-    "--since",
-    default=None,
-    callback=_parse_with(_parse_since),
-    help="Select instead of IDs: exchanges since T (15m, 2h, 7d, ISO date/time).",
-)
+@since_option
 @click.option("--from-model", default=None, help="Select: exchanges that requested this model.")
-@click.option(
-    "--tag",
-    "tags",
-    multiple=True,
-    callback=_parse_with(_parse_tag),
-    help="Select: exchanges with tag k=v (repeatable).",
-)
+@tag_option
 @click.option(
     "--limit", default=None, type=click.IntRange(min=1), help="Select: the newest N (default 10)."
 )
@@ -467,26 +451,10 @@ def playback(
     "--format", "fmt", type=click.Choice(["jsonl", "csv", "har", "batch"]), default="jsonl",
     show_default=True,
 )  # fmt: skip
-@click.option(
-    "--since",
-    default=None,
-    callback=_parse_with(_parse_since),
-    help="Only exchanges since T (15m, 2h, 7d, or an ISO date/time; local if no zone).",
-)
-@click.option(
-    "--until",
-    default=None,
-    callback=_parse_with(_parse_since),
-    help="Only exchanges before T (same forms as --since).",
-)
+@since_option
+@until_option
 @click.option("--model", default=None, help="Only exchanges that requested this model.")
-@click.option(
-    "--tag",
-    "tags",
-    multiple=True,
-    callback=_parse_with(_parse_tag),
-    help="Only exchanges with tag k=v (repeatable; all must match).",
-)
+@tag_option
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="At most N exchanges.")
 @click.option(
     "--endpoint",
