@@ -36,7 +36,7 @@ from decimal import Decimal
 from functools import cache, lru_cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 _RATES = ("input", "cached_input", "output", "audio_input", "audio_output")
 _TABLE_FIELDS = frozenset({*_RATES, "source", "date", "note"})
@@ -44,6 +44,8 @@ _CONFIG_FIELDS = frozenset({*_RATES, "note"})
 # What may follow a key in a model name for the key to price it: OpenAI dates its snapshots
 # with "-", other servers tag models with ":" (llama3:8b) or "@" (model@2024-05-13).
 _BOUNDARY = ("-", ":", "@")
+_LOOKUPS_KEPT = 4096
+"""Distinct model names a price table remembers its lookups for before starting over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +66,11 @@ class Price:
     """Where the entry came from: "table:<date read>", "config", or "table:<date>+config"."""
 
 
-@dataclass(frozen=True, slots=True)
-class Tokens:
-    """Usage normalised across endpoints; every detail count is at most the total it is in."""
+class Tokens(NamedTuple):
+    """Usage normalised across endpoints; every detail count is at most the total it is in.
+
+    A named tuple, not a frozen dataclass: the recorder makes one per exchange, and a frozen
+    dataclass's `__init__` cost more than the pricing around it."""
 
     prompt: int
     """All prompt (input) tokens, cached and audio included."""
@@ -145,13 +149,16 @@ def cost_of(price: Price, tokens: Tokens) -> float:
     if price.audio_output is not None:
         audio_out = min(tokens.audio_completion, tokens.completion)
     cached_rate = price.input if price.cached_input is None else price.cached_input
-    total = (
-        (tokens.prompt - cached - audio_in) * _exact(price.input)
-        + cached * _exact(cached_rate)
-        + audio_in * _exact(price.audio_input or 0.0)
-        + (tokens.completion - audio_out) * _exact(price.output)
-        + audio_out * _exact(price.audio_output or 0.0)
-    )
+    total = (tokens.prompt - cached - audio_in) * _exact(price.input) + (
+        tokens.completion - audio_out
+    ) * _exact(price.output)
+    # Terms for tokens that are not there are skipped: most exchanges have none of them.
+    if cached:
+        total += cached * _exact(cached_rate)
+    if audio_in:
+        total += audio_in * _exact(price.audio_input or 0.0)
+    if audio_out:
+        total += audio_out * _exact(price.audio_output or 0.0)
     return float(total.scaleb(-6))  # per 1M tokens; scaleb shifts the exponent, no rounding
 
 
@@ -224,11 +231,13 @@ def _shipped() -> tuple[Mapping[str, Price], str]:
 class PriceTable:
     """The shipped table plus config entries, and the lookup and cost built on them."""
 
-    __slots__ = ("_entries", "_lengths", "compiled")
+    __slots__ = ("_entries", "_found", "_lengths", "compiled")
 
     def __init__(self, entries: Mapping[str, Price], compiled: str) -> None:
         self._entries = dict(entries)
         self._lengths = sorted({len(key) for key in self._entries}, reverse=True)
+        self._found: dict[str, Price | None] = {}
+        """Lookups made, by model name: a recorder asks about the same few models all day."""
         self.compiled = compiled
         """The date the shipped table was compiled (ISO)."""
 
@@ -257,6 +266,16 @@ class PriceTable:
         """The entry for `model`: exact, else the longest key it continues (case-sensitive)."""
         if not isinstance(model, str) or not model:
             return None
+        try:
+            return self._found[model]
+        except KeyError:
+            pass
+        if len(self._found) >= _LOOKUPS_KEPT:
+            self._found.clear()
+        found = self._found[model] = self._search(model)
+        return found
+
+    def _search(self, model: str) -> Price | None:
         exact = self._entries.get(model)
         if exact is not None:
             return exact

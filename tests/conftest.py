@@ -15,12 +15,18 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from hypothesis import settings
 
 from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
 from proxy.recorder import MemoryRecorder
 
 from .streamgen import chunks_to_sse, completion_to_chunks
+
+# Property tests check what holds, not how fast: on a busy 2-core CI machine the first example
+# of a test (cold imports, caches) can take longer than hypothesis's 200 ms default deadline.
+settings.register_profile("flightrec", deadline=None)
+settings.load_profile("flightrec")
 
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures" / "openai-python"
 
