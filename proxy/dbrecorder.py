@@ -17,17 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import Generator
 
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .config import Config
 from .exchange import Exchange
 from .pricing import PriceTable
-from .store.engine import check_connection, create_engine, describe
+from .store.engine import SQLITE_BUSY_TIMEOUT_MS, check_connection, create_engine, describe
 from .store.migrate import check_head, upgrade
 from .store.spool import Spool
+from .store.sqlite_writer import SqliteWriter
 from .store.write import Rows, rows_for, write_rows
 
 log = logging.getLogger("flightrec.recorder")
@@ -46,8 +49,21 @@ def _refuses_record(exc: BaseException) -> bool:
     """True when the failure is about the data written, not about the database being there."""
     seen: BaseException | None = exc
     while seen is not None:
-        # ValueError: a value the driver cannot encode (a lone surrogate); TypeError: odd types.
-        if isinstance(seen, sa.exc.IntegrityError | sa.exc.DataError | ValueError | TypeError):
+        # ValueError: a value the driver cannot encode (a lone surrogate); TypeError: odd types;
+        # sqlite3 raises ProgrammingError for a value it cannot bind, OverflowError for an int
+        # beyond 64 bits.
+        if isinstance(
+            seen,
+            sa.exc.IntegrityError
+            | sa.exc.DataError
+            | sqlite3.IntegrityError
+            | sqlite3.DataError
+            | sqlite3.ProgrammingError
+            | sqlite3.InterfaceError
+            | OverflowError
+            | ValueError
+            | TypeError,
+        ):
             return True
         seen = seen.__cause__ or (seen.orig if isinstance(seen, sa.exc.DBAPIError) else None)
     # A StatementError that is not a DBAPIError failed while binding parameters: our values.
@@ -60,9 +76,20 @@ class DatabaseRecorder:
     retry_min = 0.2
     retry_max = 5.0
 
-    def __init__(self, config: Config, *, engine: AsyncEngine | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        engine: AsyncEngine | None = None,
+        busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    ) -> None:
         self._config = config
         self._engine = engine
+        self._sqlite: SqliteWriter | None = None
+        with contextlib.suppress(sa.exc.ArgumentError):  # start() reports a bad URL
+            url = make_url(config.db_url)
+            if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+                self._sqlite = SqliteWriter(url.database, busy_timeout_ms)
         # Config was validated at load, so this cannot raise for a Config from `config.load`.
         self._prices = PriceTable.load(config.prices)
         self._queue: asyncio.Queue[Exchange] = asyncio.Queue(config.queue_size)
@@ -137,6 +164,8 @@ class DatabaseRecorder:
         self._close_replay()
         self._closed = True
         self.spool.close()
+        if self._sqlite is not None:
+            await self._sqlite.close()
         if self._engine is not None:
             await self._engine.dispose()
 
@@ -297,6 +326,9 @@ class DatabaseRecorder:
         self._recovered()
 
     async def _transaction(self, rows: list[Rows]) -> None:
+        if self._sqlite is not None:
+            await self._sqlite.write(rows)
+            return
         async with self.engine.begin() as conn:
             await write_rows(conn, rows)
 

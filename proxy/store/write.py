@@ -13,15 +13,17 @@ the relay's path, and `flightrec cost --reprice` uses the same function on store
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
+from itertools import chain
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import asyncpg  # type: ignore[import-untyped]
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..exchange import Exchange
@@ -289,67 +291,101 @@ def _logprob_rows(exchange_id: str, index: int, kind: str, tokens: list[Any]) ->
         }
 
 
-def _insert(conn: AsyncConnection, table: sa.Table) -> Any:
-    """The dialect's INSERT, which has ON CONFLICT (SQLite >= 3.24 and PostgreSQL both do)."""
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
-
-
-async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
-    """Write a batch inside the caller's transaction; returns how many exchanges were new."""
+def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
+    """The batch by exchange id, each id once (the first occurrence wins)."""
     by_id: dict[str, Rows] = {}
     for rows in batch:
         by_id.setdefault(rows.exchange["id"], rows)
+    return by_id
+
+
+_CHILDREN = (
+    (t.tags, "tags"),
+    (t.completions, "completions"),
+    (t.choices, "choices"),
+    (t.usage, "usage"),
+    (t.logprobs, "logprobs"),
+    (t.raw_streams, "raw_streams"),
+)
+
+
+def table_rows(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Row]]]:
+    """(table, rows) to insert for exchanges not stored yet, parents first, none empty."""
+    if fresh:
+        yield t.exchanges, [rows.exchange for rows in fresh]
+    for table, attr in _CHILDREN:
+        children = [row for rows in fresh for row in getattr(rows, attr)]
+        if children:
+            yield table, children
+
+
+async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
+    """Write a batch inside the caller's transaction; returns how many exchanges were new.
+
+    The recorder writes SQLite through `store.sqlite_writer` (same rows, same statements, on
+    the event loop's thread); this is the path for PostgreSQL and for any async connection.
+    """
+    by_id = unique(batch)
     if not by_id:
         return 0
     known = await conn.execute(sa.select(t.exchanges.c.id).where(t.exchanges.c.id.in_(by_id)))
     stored = set(known.scalars())
     fresh = [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]
-    if not fresh:
-        return 0
-    await _bulk_insert(conn, t.exchanges, [rows.exchange for rows in fresh])
-    for table, attr in (
-        (t.tags, "tags"),
-        (t.completions, "completions"),
-        (t.choices, "choices"),
-        (t.usage, "usage"),
-        (t.logprobs, "logprobs"),
-        (t.raw_streams, "raw_streams"),
-    ):
-        children = [row for rows in fresh for row in getattr(rows, attr)]
-        if children:
-            await _bulk_insert(conn, table, children)
+    for table, rows in table_rows(fresh):
+        await _bulk_insert(conn, table, rows)
     await _count_fingerprints(conn, [rows.fingerprint for rows in fresh if rows.fingerprint])
     return len(fresh)
 
 
-_SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
-"""How SQLAlchemy's SQLite DateTime stores times (UTC wall clock), so reads parse them back."""
+def _sqlite_time(value: datetime) -> str:
+    """A time as SQLAlchemy's SQLite DateTime stores it (UTC wall clock, always with
+    microseconds: "2024-05-01 12:00:00.000000"), so reads parse it back. `isoformat` is several
+    times cheaper than the equivalent `strftime`."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
+class _Layout(NamedTuple):
+    columns: list[str]
+    values: Any
+    """`operator.itemgetter` of the columns: a row dict's values in column order, in C."""
+    json_at: list[int]
+    time_at: list[int]
+    sql: str
+    """The single-row SQLite INSERT."""
 
 
 @cache
-def _layout(table: sa.Table) -> tuple[list[str], list[tuple[int, bool]], list[int], str]:
+def _layout(table: sa.Table) -> _Layout:
     """Columns, JSON/time column positions, and the SQLite INSERT of a table, made once."""
     columns = [column.name for column in table.columns]
-    json_at = [(i, True) for i, c in enumerate(table.columns) if isinstance(c.type, sa.JSON)]
-    time_at = [i for i, c in enumerate(table.columns) if isinstance(c.type, sa.DateTime)]
     names = ", ".join(f'"{name}"' for name in columns)
-    sql = f'INSERT INTO "{table.name}" ({names}) VALUES ({", ".join("?" * len(columns))})'
-    return columns, json_at, time_at, sql
+    return _Layout(
+        columns=columns,
+        values=itemgetter(*columns),
+        json_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.JSON)],
+        time_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.DateTime)],
+        sql=f'INSERT INTO "{table.name}" ({names}) VALUES ({", ".join("?" * len(columns))})',
+    )
 
 
 def _records(table: sa.Table, rows: list[Row], *, sqlite_times: bool) -> list[tuple[Any, ...]]:
     """Rows as driver-ready tuples: JSON serialised once (orjson), times as SQLite text."""
-    columns, json_at, time_at, _ = _layout(table)
-    special = json_at + [(i, False) for i in time_at] if sqlite_times else json_at
+    layout = _layout(table)
+    values_of, json_at = layout.values, layout.json_at
+    time_at = layout.time_at if sqlite_times else []
+    if not json_at and not time_at:
+        return [values_of(row) for row in rows]
     records = []
     for row in rows:
-        values = [row[c] for c in columns]
-        for i, is_json in special:
+        values = list(values_of(row))
+        for i in json_at:
             value = values[i]
             if value is not None:
-                values[i] = dumps(value) if is_json else value.strftime(_SQLITE_TIME)
+                values[i] = dumps(value)
+        for i in time_at:
+            value = values[i]
+            if value is not None:
+                values[i] = _sqlite_time(value)
         records.append(tuple(values))
     return records
 
@@ -365,7 +401,7 @@ async def _bulk_insert(conn: AsyncConnection, table: sa.Table, rows: list[Row]) 
     if conn.dialect.name == "postgresql":
         raw = await conn.get_raw_connection()
         driver: asyncpg.Connection = raw.driver_connection
-        columns = _layout(table)[0]
+        columns = _layout(table).columns
         records = _records(table, rows, sqlite_times=False)
         try:
             await driver.copy_records_to_table(table.name, records=records, columns=columns)
@@ -373,12 +409,17 @@ async def _bulk_insert(conn: AsyncConnection, table: sa.Table, rows: list[Row]) 
             # The data's fault, not the database's: the recorder sets such records aside.
             raise ValueError(f"{type(exc).__name__}: {exc}") from exc
     else:
-        records = _records(table, rows, sqlite_times=True)
-        per = _sqlite_rows_per_insert(len(records[0]))
-        for start in range(0, len(records), per):
-            chunk = records[start : start + per]
-            flat = tuple(value for record in chunk for value in record)
-            await conn.exec_driver_sql(_sqlite_insert(table, len(chunk)), flat)
+        for sql, params in sqlite_inserts(table, rows):
+            await conn.exec_driver_sql(sql, params)
+
+
+def sqlite_inserts(table: sa.Table, rows: list[Row]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """(SQL, parameters) of the multi-row INSERTs that put `rows` into `table` on SQLite."""
+    records = _records(table, rows, sqlite_times=True)
+    per = _sqlite_rows_per_insert(len(records[0]))
+    for start in range(0, len(records), per):
+        chunk = records[start : start + per]
+        yield _sqlite_insert(table, len(chunk)), tuple(chain.from_iterable(chunk))
 
 
 def _sqlite_rows_per_insert(width: int) -> int:
@@ -390,12 +431,17 @@ def _sqlite_rows_per_insert(width: int) -> int:
 
 @cache
 def _sqlite_insert(table: sa.Table, count: int) -> str:
-    columns, _, _, single = _layout(table)
-    one = "(" + ", ".join("?" * len(columns)) + ")"
-    return single.rsplit(" VALUES ", 1)[0] + " VALUES " + ", ".join([one] * count)
+    layout = _layout(table)
+    one = "(" + ", ".join("?" * len(layout.columns)) + ")"
+    return layout.sql.rsplit(" VALUES ", 1)[0] + " VALUES " + ", ".join([one] * count)
 
 
-async def _count_fingerprints(conn: AsyncConnection, seen: list[Row]) -> None:
+def merged_fingerprints(seen: list[Row]) -> list[Row]:
+    """One row per (upstream, model, fingerprint): counts summed, first and last seen kept.
+
+    Sorted by key: processes sharing a database lock fingerprint rows in the same order, so
+    concurrent batches wait for each other instead of deadlocking.
+    """
     merged: dict[tuple[str, str, str], Row] = {}
     for row in seen:
         key = (row["upstream"], row["model"], row["system_fingerprint"])
@@ -405,10 +451,42 @@ async def _count_fingerprints(conn: AsyncConnection, seen: list[Row]) -> None:
         known["count"] += 1
         known["first_seen"] = min(known["first_seen"], row["first_seen"])
         known["last_seen"] = max(known["last_seen"], row["last_seen"])
+    return [merged[key] for key in sorted(merged)]
+
+
+SQLITE_COUNT_FINGERPRINTS = """\
+INSERT INTO fingerprints (upstream, model, system_fingerprint, first_seen, last_seen, count)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
+    count = count + excluded.count,
+    first_seen = min(first_seen, excluded.first_seen),
+    last_seen = max(last_seen, excluded.last_seen)"""
+"""The fingerprint upsert on SQLite; times are text that sorts as time, so min/max work."""
+
+
+def sqlite_fingerprint_params(rows: list[Row]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            row["upstream"],
+            row["model"],
+            row["system_fingerprint"],
+            _sqlite_time(row["first_seen"]),
+            _sqlite_time(row["last_seen"]),
+            row["count"],
+        )
+        for row in rows
+    ]
+
+
+async def _count_fingerprints(conn: AsyncConnection, seen: list[Row]) -> None:
+    merged = merged_fingerprints(seen)
     if not merged:
         return
+    if conn.dialect.name != "postgresql":
+        await conn.exec_driver_sql(SQLITE_COUNT_FINGERPRINTS, sqlite_fingerprint_params(merged))
+        return
     fp = t.fingerprints
-    insert = _insert(conn, fp)
+    insert = postgresql.insert(fp)
     excluded = insert.excluded
     upsert = insert.on_conflict_do_update(
         index_elements=["upstream", "model", "system_fingerprint"],
@@ -424,6 +502,4 @@ async def _count_fingerprints(conn: AsyncConnection, seen: list[Row]) -> None:
             ),
         },
     )
-    # Sorted keys: processes sharing PostgreSQL lock fingerprint rows in the same order, so
-    # concurrent batches wait for each other instead of deadlocking.
-    await conn.execute(upsert, [merged[key] for key in sorted(merged)])
+    await conn.execute(upsert, merged)

@@ -1,0 +1,179 @@
+"""The recorder's SQLite writes, made on the event loop's thread a slice at a time.
+
+aiosqlite runs every statement on a worker thread. Under load the relay's thread and that
+worker traded the GIL for every statement and every bound row, and the trading cost more CPU
+than SQLite's own work: 60-70 us per exchange at concurrency 8 (bench/). SQLite inserts a slice
+of records in well under a millisecond, so this writer does the work on the loop's thread and
+yields to the relay between slices, as the recorder already does while building rows.
+
+Nothing here may hold the loop for long:
+- the connection never waits for a lock (busy timeout 0): a busy `BEGIN IMMEDIATE` (another
+  process writing) is retried after short asyncio sleeps, up to the busy timeout, and then
+  raised as the database being unavailable, which sends the batch to the spool;
+- WAL checkpoints, which copy the log into the database file and fsync it, are off on this
+  connection; one runs at most once a second on a worker thread with its own connection.
+
+Writes are otherwise the same as `write.write_rows`: same rows, same statements, idempotent
+by exchange id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Sequence
+
+from .write import (
+    SQLITE_COUNT_FINGERPRINTS,
+    Rows,
+    merged_fingerprints,
+    sqlite_fingerprint_params,
+    sqlite_inserts,
+    table_rows,
+    unique,
+)
+
+log = logging.getLogger("flightrec.recorder")
+
+SLICE_ROWS = 64
+"""Rows of a table inserted between two turns of the event loop: about a millisecond of
+exchange rows, far less of their small child rows."""
+CHECKPOINT_EVERY = 1.0
+"""Seconds between WAL checkpoints while records are being written."""
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _BUSY
+    return "locked" in str(exc)
+
+
+def _checkpoint(path: str) -> None:
+    """A passive checkpoint: copies what it can without waiting for readers or writers."""
+    with contextlib.closing(sqlite3.connect(path, timeout=5.0, isolation_level=None)) as con:
+        con.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+
+class SqliteWriter:
+    """Writes batches of rows to one SQLite file; use from the event loop's thread only."""
+
+    def __init__(self, path: str, busy_timeout_ms: int) -> None:
+        self.path = path
+        self._busy_timeout = busy_timeout_ms / 1000
+        self._con: sqlite3.Connection | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._last_checkpoint = 0.0
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._con is None:
+            con = sqlite3.connect(self.path, timeout=0.0, isolation_level=None)
+            try:
+                if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    con.execute("PRAGMA journal_mode = WAL")
+                con.execute("PRAGMA synchronous = NORMAL")
+                con.execute("PRAGMA foreign_keys = ON")
+                con.execute("PRAGMA wal_autocheckpoint = 0")
+            except BaseException:
+                con.close()
+                raise
+            self._con = con
+        return self._con
+
+    async def write(self, batch: Sequence[Rows]) -> int:
+        """Write a batch in one transaction; returns how many exchanges were new.
+
+        Raises sqlite3 errors as they come (the recorder tells an outage from a refused
+        record); a failed transaction is rolled back and, unless the database was only busy,
+        the connection is dropped so the next write starts afresh.
+        """
+        by_id = unique(batch)
+        if not by_id:
+            return 0
+        con = self._connection()
+        await self._begin(con)
+        try:
+            fresh = self._fresh(con, by_id)
+            done = 0
+            for table, rows in table_rows(fresh):
+                for start in range(0, len(rows), SLICE_ROWS):
+                    for sql, params in sqlite_inserts(table, rows[start : start + SLICE_ROWS]):
+                        con.execute(sql, params)
+                    done += min(SLICE_ROWS, len(rows) - start)
+                    if done >= SLICE_ROWS:
+                        done = 0
+                        await asyncio.sleep(0)
+            fingerprints = merged_fingerprints([r.fingerprint for r in fresh if r.fingerprint])
+            if fingerprints:
+                con.executemany(SQLITE_COUNT_FINGERPRINTS, sqlite_fingerprint_params(fingerprints))
+            con.execute("COMMIT")
+        except BaseException as exc:
+            self._abandon(con, exc)
+            raise
+        self._maybe_checkpoint()
+        return len(fresh)
+
+    async def _begin(self, con: sqlite3.Connection) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._busy_timeout
+        pause = 0.001
+        while True:
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or loop.time() >= deadline:
+                    self._abandon(con, exc)
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    @staticmethod
+    def _fresh(con: sqlite3.Connection, by_id: dict[str, Rows]) -> list[Rows]:
+        ids = list(by_id)
+        stored: set[str] = set()
+        for start in range(0, len(ids), 500):
+            part = ids[start : start + 500]
+            marks = ", ".join("?" * len(part))
+            found = con.execute(f"SELECT id FROM exchanges WHERE id IN ({marks})", part)
+            stored.update(row[0] for row in found)
+        return [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]
+
+    def _abandon(self, con: sqlite3.Connection, exc: BaseException) -> None:
+        if con.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                con.execute("ROLLBACK")
+        broken = isinstance(exc, sqlite3.OperationalError) and not _is_busy(exc)
+        if broken or type(exc) is sqlite3.DatabaseError:
+            # Disk full, file gone, I/O error: reopen on the next try rather than trust it.
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._con is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._con.close()
+            self._con = None
+
+    def _maybe_checkpoint(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._checkpointing is not None or now - self._last_checkpoint < CHECKPOINT_EVERY:
+            return
+        self._last_checkpoint = now
+        self._checkpointing = asyncio.create_task(self._run_checkpoint())
+
+    async def _run_checkpoint(self) -> None:
+        try:
+            await asyncio.to_thread(_checkpoint, self.path)
+        except sqlite3.Error as exc:  # a later one will do it; the records are committed
+            log.debug("WAL checkpoint of %s skipped: %s", self.path, exc)
+        finally:
+            self._checkpointing = None
+
+    async def close(self) -> None:
+        if self._checkpointing is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpointing
+        self._drop()

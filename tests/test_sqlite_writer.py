@@ -1,0 +1,142 @@
+"""The SQLite writer works on the event loop's thread without holding it: it waits for another
+writer's lock with asyncio sleeps, yields between slices of a big batch, and checkpoints the WAL
+on a worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from proxy.dbrecorder import DatabaseRecorder
+from proxy.store import upgrade
+from proxy.store.sqlite_writer import SLICE_ROWS, SqliteWriter
+from proxy.store.write import rows_for
+
+from .dbs import chat_exchange, sqlite_url
+from .test_recorder import assert_stored_once, config, spool_files, started
+
+
+@pytest.fixture
+async def db_path(tmp_path: Path) -> Path:
+    path = tmp_path / "flightrec.db"
+    await upgrade(sqlite_url(path))
+    return path
+
+
+def file_size(path: Path) -> int:
+    return path.stat().st_size
+
+
+class Ticker:
+    """Counts turns of the event loop while it runs, and the longest wait for one."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.longest = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0)
+            self.turns += 1
+            now = loop.time()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    def __enter__(self) -> Ticker:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def test_a_big_batch_yields_to_the_loop_between_slices(db_path: Path) -> None:
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    batch = [rows_for(chat_exchange(logprobs=["a", "b", "c"])) for _ in range(300)]
+    try:
+        with Ticker() as ticker:
+            assert await writer.write(batch) == 300
+        # 300 exchange rows, 300 each of completions, choices and usage, 900 logprobs: about
+        # one turn per slice (the ticker itself starts a turn or two late).
+        assert ticker.turns >= (300 * 4 + 900) // SLICE_ROWS // 2
+        assert await writer.write(batch) == 0  # idempotent by exchange id
+    finally:
+        await writer.close()
+    with contextlib.closing(sqlite3.connect(db_path)) as con:
+        assert con.execute("SELECT count(*) FROM logprobs").fetchone() == (900,)
+        assert con.execute("SELECT sum(count) FROM fingerprints").fetchone() == (300,)
+
+
+async def test_another_writer_s_lock_is_waited_for_without_holding_the_loop(
+    db_path: Path, tmp_path: Path
+) -> None:
+    url = sqlite_url(db_path)
+    recorder = await started(config(url, tmp_path), busy_timeout_ms=10_000)
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    sent = [chat_exchange() for _ in range(3)]
+    with Ticker() as ticker:
+        for ex in sent:
+            recorder.record(ex)
+        await asyncio.sleep(0.5)  # the writer is waiting for the lock all this while
+    other.execute("COMMIT")
+    other.close()
+    await recorder.close()
+    # A writer blocked in SQLite's own busy wait would have held the loop for the whole
+    # busy timeout (10 s) and only then spooled.
+    assert ticker.longest < 1.0
+    await assert_stored_once(url, sent)
+    assert spool_files(tmp_path) == []  # waited, not spooled
+
+
+async def test_the_wal_is_checkpointed_by_the_writer(db_path: Path) -> None:
+    # A reader stays connected, so closing the writer's connection does not checkpoint (only
+    # the last connection does), and the writer's own connection never auto-checkpoints.
+    reader = sqlite3.connect(db_path)
+    reader.execute("SELECT count(*) FROM exchanges").fetchone()
+    empty = file_size(db_path)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    await writer.write([rows_for(chat_exchange(logprobs=["x"] * 50)) for _ in range(50)])
+    await writer.close()  # waits for the checkpoint it started
+    assert file_size(db_path) > empty
+    reader.close()
+
+
+async def test_an_error_other_than_busy_spools_and_reconnects(
+    db_path: Path, tmp_path: Path
+) -> None:
+    url = sqlite_url(db_path)
+    recorder = await started(config(url, tmp_path, batch_size=5))
+    admin = sqlite3.connect(db_path, isolation_level=None)
+    admin.execute("ALTER TABLE exchanges RENAME TO exchanges_away")  # "no such table"
+    first = [chat_exchange() for _ in range(5)]
+    for ex in first:
+        recorder.record(ex)
+    deadline = asyncio.get_running_loop().time() + 10
+    while not spool_files(tmp_path):
+        assert asyncio.get_running_loop().time() < deadline, "nothing spooled"
+        await asyncio.sleep(0.02)
+    admin.execute("ALTER TABLE exchanges_away RENAME TO exchanges")
+    admin.close()
+    later = [chat_exchange() for _ in range(5)]
+    for ex in later:
+        recorder.record(ex)
+    await recorder.close()
+    await assert_stored_once(url, first + later)
+
+
+def test_only_a_sqlite_file_gets_the_loop_thread_writer(tmp_path: Path) -> None:
+    on_file = DatabaseRecorder(config(sqlite_url(tmp_path / "a.db"), tmp_path))
+    assert on_file._sqlite is not None
+    assert make_url(on_file._config.db_url).database == on_file._sqlite.path
+    in_memory = DatabaseRecorder(config("sqlite+aiosqlite://", tmp_path))
+    assert in_memory._sqlite is None
