@@ -456,6 +456,7 @@ def run(
         procs.wait_ready(upstream)
         running.append(upstream)
         targets = build_targets(names, upstream.port, work, pg, install)
+        results["machine"] = report.machine(pg)  # after the peers are installed: their versions
         for target in targets:
             if target.skipped:
                 print(f"skipped {target.name}: {target.skipped}", flush=True)

@@ -32,12 +32,11 @@ from .store.migrate import check_head, upgrade
 from .store.spool import Spool
 from .store.sqlite_writer import SqliteWriter
 from .store.write import Rows, rows_for, write_rows
+from .turns import Turns
 
 log = logging.getLogger("flightrec.recorder")
 
 _IDLE = 0.5
-_BUILD_SLICE = 16
-"""Exchanges whose rows are built between two turns of the event loop."""
 """Seconds the idle writer sleeps between looks at the spool and the retry clock."""
 
 
@@ -288,23 +287,18 @@ class DatabaseRecorder:
         else:
             self._recovered()
 
-    def _rows(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
+    async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
+        """Rows for a batch, built on the event loop's thread, giving the relay a turn every
+        `turns.WORK_BUDGET`. A worker thread would fight the loop for the GIL, which cost more
+        CPU per record than building the rows (bench/)."""
+        turns = Turns()
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:
                 rows.append((ex, rows_for(ex, self._prices)))
             except Exception as exc:
                 self.spool.set_aside(ex, f"cannot build rows: {exc!r}")
-        return rows
-
-    async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
-        """Rows for a batch, built on the event loop a slice at a time. A worker thread would
-        fight the loop for the GIL, which cost more CPU per record than building the rows
-        (bench/); yielding between slices keeps the relay responsive during a big batch."""
-        rows: list[tuple[Exchange, Rows]] = []
-        for start in range(0, len(batch), _BUILD_SLICE):
-            rows += self._rows(batch[start : start + _BUILD_SLICE])
-            await asyncio.sleep(0)
+            await turns.give()
         return rows
 
     async def _write(self, batch: list[Exchange]) -> None:

@@ -1,12 +1,13 @@
-"""The recorder's SQLite writes, made on the event loop's thread a slice at a time.
+"""The recorder's SQLite writes, made on the event loop's thread a few rows at a time.
 
 aiosqlite runs every statement on a worker thread. Under load the relay's thread and that
 worker traded the GIL for every statement and every bound row, and the trading cost more CPU
-than SQLite's own work: 60-70 us per exchange at concurrency 8 (bench/). SQLite inserts a slice
-of records in well under a millisecond, so this writer does the work on the loop's thread and
-yields to the relay between slices, as the recorder already does while building rows.
+than SQLite's own work: 60-70 us per exchange at concurrency 8 (bench/). SQLite inserts a few
+rows in a few microseconds, so this writer does the work on the loop's thread and gives the
+relay a turn every `turns.WORK_BUDGET`, as the recorder does while building rows.
 
 Nothing here may hold the loop for long:
+- COMMIT, which writes the batch to the log, runs on a worker thread (one hop per batch);
 - the connection never waits for a lock (busy timeout 0): a busy `BEGIN IMMEDIATE` (another
   process writing) is retried after short asyncio sleeps, up to the busy timeout, and then
   raised as the database being unavailable, which sends the batch to the spool;
@@ -25,6 +26,7 @@ import logging
 import sqlite3
 from collections.abc import Sequence
 
+from ..turns import Turns
 from .write import (
     SQLITE_COUNT_FINGERPRINTS,
     Rows,
@@ -37,9 +39,10 @@ from .write import (
 
 log = logging.getLogger("flightrec.recorder")
 
-SLICE_ROWS = 64
-"""Rows of a table inserted between two turns of the event loop: about a millisecond of
-exchange rows, far less of their small child rows."""
+CHUNK_ROWS = 16
+"""Rows of a child table per INSERT; the writer may give the relay a turn after each."""
+FAT_CHUNK_ROWS = {"exchanges": 4, "raw_streams": 4}
+"""Tables whose rows carry whole bodies: fewer per INSERT (16 exchange rows take 0.25 ms)."""
 CHECKPOINT_EVERY = 1.0
 """Seconds between WAL checkpoints while records are being written."""
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -70,7 +73,10 @@ class SqliteWriter:
 
     def _connection(self) -> sqlite3.Connection:
         if self._con is None:
-            con = sqlite3.connect(self.path, timeout=0.0, isolation_level=None)
+            # Used from the loop's thread, and by `_commit` from a worker thread, never both.
+            con = sqlite3.connect(
+                self.path, timeout=0.0, isolation_level=None, check_same_thread=False
+            )
             try:
                 if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     con.execute("PRAGMA journal_mode = WAL")
@@ -97,24 +103,36 @@ class SqliteWriter:
         await self._begin(con)
         try:
             fresh = self._fresh(con, by_id)
-            done = 0
+            turns = Turns()
             for table, rows in table_rows(fresh):
-                for start in range(0, len(rows), SLICE_ROWS):
-                    for sql, params in sqlite_inserts(table, rows[start : start + SLICE_ROWS]):
+                size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
+                for start in range(0, len(rows), size):
+                    await turns.give()
+                    for sql, params in sqlite_inserts(table, rows[start : start + size]):
                         con.execute(sql, params)
-                    done += min(SLICE_ROWS, len(rows) - start)
-                    if done >= SLICE_ROWS:
-                        done = 0
-                        await asyncio.sleep(0)
             fingerprints = merged_fingerprints([r.fingerprint for r in fresh if r.fingerprint])
             if fingerprints:
                 con.executemany(SQLITE_COUNT_FINGERPRINTS, sqlite_fingerprint_params(fingerprints))
-            con.execute("COMMIT")
+            await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)
             raise
         self._maybe_checkpoint()
         return len(fresh)
+
+    @staticmethod
+    async def _commit(con: sqlite3.Connection) -> None:
+        """COMMIT on a worker thread: it writes the whole batch to the log (about a millisecond
+        for a hundred records), longer than the relay should wait, in one call that releases
+        the GIL. Once started it is seen through even if the writer is cancelled, so the
+        connection is never used from two threads at once."""
+        done = asyncio.ensure_future(asyncio.to_thread(con.execute, "COMMIT"))
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await done
+            raise
 
     async def _begin(self, con: sqlite3.Connection) -> None:
         loop = asyncio.get_running_loop()

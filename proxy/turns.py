@@ -1,0 +1,31 @@
+"""Background work that shares the event loop's thread with the relay.
+
+The recorder builds rows and writes SQLite on the loop's thread (a worker thread cost more CPU
+in trading the GIL than the work itself). Every request the loop serves meanwhile waits, at
+each of its few turns of the loop, for whatever background step runs before it; so the steps
+must be short. `Turns` measures instead of counting rows: records differ a hundredfold in size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter
+
+WORK_BUDGET = 0.0001
+"""Seconds of background work between two turns given to the relay."""
+
+
+class Turns:
+    """`await turns.give()` after each small unit of work: yields to the loop once
+    `budget` seconds have passed since the last yield."""
+
+    __slots__ = ("_budget", "_due")
+
+    def __init__(self, budget: float = WORK_BUDGET) -> None:
+        self._budget = budget
+        self._due = perf_counter() + budget
+
+    async def give(self) -> None:
+        if perf_counter() >= self._due:
+            await asyncio.sleep(0)
+            self._due = perf_counter() + self._budget
