@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 from time import perf_counter
 
-WORK_BUDGET = 0.0001
-"""Seconds of background work between two turns given to the relay."""
+WORK_BUDGET = 0.0002
+"""Seconds of background work between two turns given to the relay. Measured at concurrency 8
+and 1 (bench/): 0.1 ms cost ~5 % more CPU per request than 0.2 ms for ~1 ms less p99 latency;
+0.5 ms saved no more CPU and added ~1 ms to p99."""
 
 
 class Turns:
