@@ -5,7 +5,7 @@ for `--by tag:<k>` or `--tag` filters), aggregated by the database, so a report 
 of exchanges never brings a row into Python. `reprice` walks the stored exchanges by id in
 batches and re-prices each with today's table (`write.cost_for`, as the writer does).
 
-What the report counts (docs/cost.md says it for users):
+What the report counts (the README's *Cost* section says it for users):
 
 - `requests`: every exchange in the group, whatever its endpoint or outcome.
 - token columns: sums of the `usage` columns (a missing count adds 0).
