@@ -371,7 +371,8 @@ def replay(
 ) -> None:
     """Re-send recorded requests through the proxy, record them, compare with the originals.
 
-    Exit status 1 when a replay did not succeed (its failure is recorded and shown)."""
+    Give exchange IDs, or select instead with --since, --from-model and --tag (the newest
+    --limit). Exit status 1 when a replay did not succeed (its failure is recorded and shown)."""
     from . import replay as replay_mod
 
     selecting = since is not None or from_model is not None or bool(tags) or limit is not None

@@ -6,8 +6,9 @@ written only for the others, so a batch replayed after an unknown commit outcome
 drained twice, never writes anything twice. Row building tolerates any JSON shape: a vendor's
 odd response loses its projection rows, never its record.
 
-Row building also prices the exchange (`cost_for`): it runs in the writer's thread, never on
-the relay's path, and `flightrec cost --reprice` uses the same function on stored rows.
+Row building also prices the exchange (`cost_for`): the background writer does it, in short
+steps between the relay's turns, never inside a request; `flightrec cost --reprice` uses the
+same function on stored rows.
 """
 
 from __future__ import annotations
@@ -350,8 +351,10 @@ class _Layout(NamedTuple):
     """`operator.itemgetter` of the columns: a row dict's values in column order, in C."""
     json_at: list[int]
     time_at: list[int]
-    sql: str
-    """The single-row SQLite INSERT."""
+    insert: str
+    """`INSERT INTO "table" ("a", "b", ...) VALUES ` for SQLite; row placeholders follow."""
+    row: str
+    """One row's placeholders: `(?, ?, ...)`."""
 
 
 @cache
@@ -364,7 +367,8 @@ def _layout(table: sa.Table) -> _Layout:
         values=itemgetter(*columns),
         json_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.JSON)],
         time_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.DateTime)],
-        sql=f'INSERT INTO "{table.name}" ({names}) VALUES ({", ".join("?" * len(columns))})',
+        insert=f'INSERT INTO "{table.name}" ({names}) VALUES ',
+        row="(" + ", ".join("?" * len(columns)) + ")",
     )
 
 
@@ -432,8 +436,7 @@ def _sqlite_rows_per_insert(width: int) -> int:
 @cache
 def _sqlite_insert(table: sa.Table, count: int) -> str:
     layout = _layout(table)
-    one = "(" + ", ".join("?" * len(layout.columns)) + ")"
-    return layout.sql.rsplit(" VALUES ", 1)[0] + " VALUES " + ", ".join([one] * count)
+    return layout.insert + ", ".join([layout.row] * count)
 
 
 def merged_fingerprints(seen: list[Row]) -> list[Row]:
