@@ -36,7 +36,7 @@ from decimal import Decimal
 from functools import cache, lru_cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 _RATES = ("input", "cached_input", "output", "audio_input", "audio_output")
 _TABLE_FIELDS = frozenset({*_RATES, "source", "date", "note"})
@@ -84,6 +84,8 @@ class Tokens(NamedTuple):
 
 def _count(value: Any) -> int | None:
     """A token count as sent, or None unless it is a non-negative whole number."""
+    if type(value) is int:  # nearly always
+        return value if value >= 0 else None
     if isinstance(value, bool):  # bool is an int subclass; True is no count
         return None
     if isinstance(value, int):
@@ -93,10 +95,15 @@ def _count(value: Any) -> int | None:
     return None
 
 
+def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    # `isinstance(x, Mapping)` goes through the ABC machinery; JSON gives plain dicts.
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _detail(usage: Mapping[str, Any], tables: tuple[str, ...], name: str) -> int:
     for table in tables:
         details = usage.get(table)
-        if isinstance(details, Mapping):
+        if _is_mapping(details):
             found = _count(details.get(name))
             if found is not None:
                 return found
@@ -108,7 +115,7 @@ def normalize_usage(usage: Mapping[str, Any] | None) -> Tokens | None:
 
     None when there is no usage or its shape is unknown; never raises on garbage.
     """
-    if not isinstance(usage, Mapping):
+    if not _is_mapping(usage):
         return None
     prompt = _count(usage.get("prompt_tokens"))
     if prompt is not None:  # chat/completions, legacy completions, embeddings

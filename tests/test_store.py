@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.exchange import Exchange
 from proxy.store import StoreError, create_engine, upgrade
+from proxy.store import tables as t
 from proxy.store.read import (
     get_exchange,
     get_raw_stream,
@@ -73,6 +74,71 @@ async def test_show_gives_back_what_was_recorded(engine: AsyncEngine) -> None:
     started = datetime.fromisoformat(shown["started_at"])
     assert started.tzinfo is not None
     assert abs(started.timestamp() - ex.started_at) < 1e-3
+
+
+async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine) -> None:
+    # Rows are built as tuples in column order: a value in the wrong place must show here.
+    ex = chat_exchange(
+        query="a=1", user="u-7", key_hash="ab" * 8, key_hint="sk-...a1b2", replay_of="r" * 36
+    )
+    ex.stream, ex.ttft_ms, ex.chunks, ex.error = True, 99.5, 7, "boom"
+    ex.outcome, ex.parse_errors = "stream_error", ["bad line"]
+    ex.response_bytes, ex.content_type = 4_000_000_000, "text/event-stream"
+    await write(engine, [ex])
+    async with engine.connect() as conn:
+        stored = (await conn.execute(sa.select(t.exchanges))).one()._asdict()
+        completion = (await conn.execute(sa.select(t.completions))).one()._asdict()
+    started = stored.pop("started_at")  # SQLite gives the UTC wall clock without a zone
+    assert started.replace(tzinfo=started.tzinfo or UTC) == datetime.fromtimestamp(
+        ex.started_at, UTC
+    )
+    cost = stored.pop("cost_usd")
+    assert cost is not None and cost > 0
+    assert stored == {
+        "id": ex.id,
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query": "a=1",
+        "upstream": "openai",
+        "upstream_url": "https://api.openai.com/v1/chat/completions",
+        "status": 200,
+        "stream": True,
+        "model": "gpt-4o-mini",
+        "response_model": "gpt-4o-mini-2024-07-18",
+        "outcome": "stream_error",
+        "error": "boom",
+        "request": ex.request_json,
+        "request_body": None,
+        "request_omitted": False,
+        "response": ex.response_json,
+        "response_body": None,
+        "response_omitted": False,
+        "response_bytes": 4_000_000_000,
+        "content_type": "text/event-stream",
+        "ttfb_ms": 120.5,
+        "ttft_ms": 99.5,
+        "duration_ms": 130.25,
+        "chunks": 7,
+        "upstream_request_id": "req_123",
+        "key_hash": "ab" * 8,
+        "key_hint": "sk-...a1b2",
+        "end_user": "u-7",
+        "replay_of": "r" * 36,
+        "usage_source": "reported",
+        "system_fingerprint": "fp_test",
+        "parse_errors": ["bad line"],
+        "price_entry": stored["price_entry"],
+    }
+    assert stored["price_entry"].startswith("gpt-4o-mini (table:")
+    assert completion == {
+        "exchange_id": ex.id,
+        "completion_id": ex.response_json["id"],
+        "object": "chat.completion",
+        "created": 1_723_024_748,
+        "model": "gpt-4o-mini-2024-07-18",
+        "system_fingerprint": "fp_test",
+        "service_tier": None,
+    }
 
 
 async def test_every_usage_detail_is_a_column(engine: AsyncEngine) -> None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from itertools import chain
-from operator import itemgetter
 from typing import Any, NamedTuple
 
 import asyncpg  # type: ignore[import-untyped]
@@ -60,15 +59,25 @@ def stored_bodies(ex: Exchange) -> Bodies:
     return Bodies(request, request_body, response, response_body, raw_stream)
 
 
+Record = tuple[Any, ...]
+"""A row as the drivers take it: the table's column values in column order, JSON as text."""
+
+
 @dataclass(slots=True)
 class Rows:
-    exchange: Row
-    tags: list[Row] = field(default_factory=list)
-    completions: list[Row] = field(default_factory=list)
-    choices: list[Row] = field(default_factory=list)
-    usage: list[Row] = field(default_factory=list)
-    logprobs: list[Row] = field(default_factory=list)
-    raw_streams: list[Row] = field(default_factory=list)
+    """One exchange's rows, ready for the drivers. Built as tuples, not dicts: turning dicts
+    into the drivers' tuples cost the recorder more than building them (bench/). Times stay
+    datetimes (`exchanges.started_at`, `fingerprint`): SQLite stores them as text,
+    PostgreSQL as timestamptz."""
+
+    id: str
+    exchange: Record
+    tags: list[Record] = field(default_factory=list)
+    completions: list[Record] = field(default_factory=list)
+    choices: list[Record] = field(default_factory=list)
+    usage: list[Record] = field(default_factory=list)
+    logprobs: list[Record] = field(default_factory=list)
+    raw_streams: list[Record] = field(default_factory=list)
     fingerprint: Row | None = None
 
 
@@ -119,8 +128,16 @@ def cost_for(
     return cost, price_entry(price)
 
 
+def _json(value: Any) -> str | None:
+    """A JSON column's text; None stays SQL NULL."""
+    return None if value is None else dumps(value)
+
+
 def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
-    """The rows of one exchange, priced with `prices` (default: the shipped table)."""
+    """The rows of one exchange, priced with `prices` (default: the shipped table).
+
+    Each tuple lists its table's columns in `tables.py` order (tests/test_store.py reads every
+    column back by name)."""
     bodies = stored_bodies(ex)
     started = datetime.fromtimestamp(ex.started_at, UTC)
     response = _dict(ex.response_json)
@@ -128,71 +145,75 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     response_model = _text(ex.response_model) or _text(response.get("model"))
     usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
     model = _text(ex.model)
+    upstream = _text(ex.upstream) or ""
     cost, entry = cost_for(prices or shipped_prices(), model, response_model, usage)
+    exchange_id = ex.id
     rows = Rows(
-        exchange={
-            "id": ex.id,
-            "started_at": started,
-            "method": _text(ex.method) or "",
-            "path": _text(ex.path) or "",
-            "query": _text(ex.query) or "",
-            "upstream": _text(ex.upstream) or "",
-            "upstream_url": _text(ex.upstream_url) or "",
-            "status": _int(ex.status),
-            "stream": bool(ex.stream),
-            "model": model,
-            "response_model": response_model,
-            "outcome": _text(ex.outcome) or "ok",
-            "error": _text(ex.error),
-            "request": bodies.request,
-            "request_body": bodies.request_body,
-            "request_omitted": ex.omit_request,
-            "response": bodies.response,
-            "response_body": bodies.response_body,
-            "response_omitted": ex.omit_response,
-            "response_bytes": _int(ex.response_bytes, _INT64) or 0,
-            "content_type": _text(ex.content_type),
-            "ttfb_ms": _float(ex.ttfb_ms),
-            "ttft_ms": _float(ex.ttft_ms),
-            "duration_ms": _float(ex.duration_ms),
-            "chunks": _int(ex.chunks) or 0,
-            "upstream_request_id": _text(ex.upstream_request_id),
-            "key_hash": _text(ex.key_hash),
-            "key_hint": _text(ex.key_hint),
-            "end_user": _text(ex.user),
-            "replay_of": _text(ex.replay_of),
-            "usage_source": _text(ex.usage_source),
-            "system_fingerprint": fingerprint,
-            "parse_errors": list(ex.parse_errors) or None,
-            "cost_usd": cost,
-            "price_entry": entry,
-        },
-        tags=[
-            {"exchange_id": ex.id, "key": _text(key), "value": _text(value) or ""}
+        exchange_id,
+        (
+            exchange_id,
+            started,
+            _text(ex.method) or "",
+            _text(ex.path) or "",
+            _text(ex.query) or "",
+            upstream,
+            _text(ex.upstream_url) or "",
+            _int(ex.status),
+            bool(ex.stream),
+            model,
+            response_model,
+            _text(ex.outcome) or "ok",
+            _text(ex.error),
+            _json(bodies.request),
+            bodies.request_body,
+            ex.omit_request,
+            _json(bodies.response),
+            bodies.response_body,
+            ex.omit_response,
+            _int(ex.response_bytes, _INT64) or 0,
+            _text(ex.content_type),
+            _float(ex.ttfb_ms),
+            _float(ex.ttft_ms),
+            _float(ex.duration_ms),
+            _int(ex.chunks) or 0,
+            _text(ex.upstream_request_id),
+            _text(ex.key_hash),
+            _text(ex.key_hint),
+            _text(ex.user),
+            _text(ex.replay_of),
+            _text(ex.usage_source),
+            fingerprint,
+            _json(list(ex.parse_errors) or None),
+            cost,
+            entry,
+        ),
+    )
+    if ex.tags:
+        rows.tags = [
+            (exchange_id, _text(key), _text(value) or "")
             for key, value in ex.tags.items()
             if isinstance(key, str)
-        ],
-    )
+        ]
     if usage is not None:
-        rows.usage.append(usage_row(ex.id, usage))
+        rows.usage.append(usage_row(exchange_id, usage))
     # Choices and logprobs are the response's content: an omitted response has none of them.
     if _is_chat_completion(response) and not ex.omit_response:
-        _completion_rows(ex.id, response, rows)
+        _completion_rows(exchange_id, response, rows)
     if bodies.raw_stream is not None:
         pacing = ex.raw_pacing
         rows.raw_streams.append(
-            {
-                "exchange_id": ex.id,
+            (
+                exchange_id,
                 # Level 1: chunk JSON still shrinks ~24:1 (31:1 at level 6) at less than half
                 # the CPU (1.9 vs 4.4 us per KiB), and this runs on the writer's event loop.
-                "gz": gzip.compress(bodies.raw_stream, compresslevel=1, mtime=0),
-                "pacing": [list(p) for p in pacing] if isinstance(pacing, list) else None,
-            }
+                gzip.compress(bodies.raw_stream, compresslevel=1, mtime=0),
+                _json([list(p) for p in pacing] if isinstance(pacing, list) else None),
+            )
         )
     if fingerprint is not None:
         rows.fingerprint = {
-            "upstream": rows.exchange["upstream"],
-            "model": response_model or rows.exchange["model"] or "",
+            "upstream": upstream,
+            "model": response_model or model or "",
             "system_fingerprint": fingerprint,
             "first_seen": started,
             "last_seen": started,
@@ -201,7 +222,7 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     return rows
 
 
-def usage_row(exchange_id: str, usage: dict[str, Any]) -> Row:
+def usage_row(exchange_id: str, usage: dict[str, Any]) -> Record:
     """Every usage detail as a column; Chat Completions and Responses API names both map."""
     prompt = _dict(usage.get("prompt_tokens_details")) or _dict(usage.get("input_tokens_details"))
     completion = _dict(usage.get("completion_tokens_details")) or _dict(
@@ -209,23 +230,19 @@ def usage_row(exchange_id: str, usage: dict[str, Any]) -> Row:
     )
     prompt_tokens = _int(usage.get("prompt_tokens"))
     completion_tokens = _int(usage.get("completion_tokens"))
-    return {
-        "exchange_id": exchange_id,
-        "prompt_tokens": _int(usage.get("input_tokens"))
-        if prompt_tokens is None
-        else prompt_tokens,
-        "completion_tokens": (
-            _int(usage.get("output_tokens")) if completion_tokens is None else completion_tokens
-        ),
-        "total_tokens": _int(usage.get("total_tokens")),
-        "cached_tokens": _int(prompt.get("cached_tokens")),
-        "prompt_audio_tokens": _int(prompt.get("audio_tokens")),
-        "reasoning_tokens": _int(completion.get("reasoning_tokens")),
-        "completion_audio_tokens": _int(completion.get("audio_tokens")),
-        "accepted_prediction_tokens": _int(completion.get("accepted_prediction_tokens")),
-        "rejected_prediction_tokens": _int(completion.get("rejected_prediction_tokens")),
-        "raw": usage,
-    }
+    return (
+        exchange_id,
+        _int(usage.get("input_tokens")) if prompt_tokens is None else prompt_tokens,
+        _int(usage.get("output_tokens")) if completion_tokens is None else completion_tokens,
+        _int(usage.get("total_tokens")),
+        _int(prompt.get("cached_tokens")),
+        _int(prompt.get("audio_tokens")),
+        _int(completion.get("reasoning_tokens")),
+        _int(completion.get("audio_tokens")),
+        _int(completion.get("accepted_prediction_tokens")),
+        _int(completion.get("rejected_prediction_tokens")),
+        dumps(usage),
+    )
 
 
 def _is_chat_completion(response: dict[str, Any]) -> bool:
@@ -237,15 +254,15 @@ def _is_chat_completion(response: dict[str, Any]) -> bool:
 
 def _completion_rows(exchange_id: str, response: dict[str, Any], rows: Rows) -> None:
     rows.completions.append(
-        {
-            "exchange_id": exchange_id,
-            "completion_id": _text(response.get("id")),
-            "object": _text(response.get("object")),
-            "created": _int(response.get("created"), _INT64),
-            "model": _text(response.get("model")),
-            "system_fingerprint": _text(response.get("system_fingerprint")),
-            "service_tier": _text(response.get("service_tier")),
-        }
+        (
+            exchange_id,
+            _text(response.get("id")),
+            _text(response.get("object")),
+            _int(response.get("created"), _INT64),
+            _text(response.get("model")),
+            _text(response.get("system_fingerprint")),
+            _text(response.get("service_tier")),
+        )
     )
     found = response.get("choices")
     seen: set[int] = set()
@@ -256,17 +273,17 @@ def _completion_rows(exchange_id: str, response: dict[str, Any], rows: Rows) -> 
         seen.add(index)
         message = _dict(choice.get("message"))
         rows.choices.append(
-            {
-                "exchange_id": exchange_id,
-                "choice_index": index,
-                "role": _text(message.get("role")),
-                "content": _text(message.get("content")),
-                "refusal": _text(message.get("refusal")),
-                "finish_reason": _text(choice.get("finish_reason")),
-                "tool_calls": message.get("tool_calls"),
-                "function_call": message.get("function_call"),
-                "audio": message.get("audio"),
-            }
+            (
+                exchange_id,
+                index,
+                _text(message.get("role")),
+                _text(message.get("content")),
+                _text(message.get("refusal")),
+                _text(choice.get("finish_reason")),
+                _json(message.get("tool_calls")),
+                _json(message.get("function_call")),
+                _json(message.get("audio")),
+            )
         )
         logprobs = _dict(choice.get("logprobs"))
         for kind in ("content", "refusal"):
@@ -275,28 +292,28 @@ def _completion_rows(exchange_id: str, response: dict[str, Any], rows: Rows) -> 
                 rows.logprobs.extend(_logprob_rows(exchange_id, index, kind, tokens))
 
 
-def _logprob_rows(exchange_id: str, index: int, kind: str, tokens: list[Any]) -> Iterable[Row]:
+def _logprob_rows(exchange_id: str, index: int, kind: str, tokens: list[Any]) -> Iterable[Record]:
     for position, raw in enumerate(tokens):
         token = _dict(raw)
         found_bytes = token.get("bytes")
         found_top = token.get("top_logprobs")
-        yield {
-            "exchange_id": exchange_id,
-            "choice_index": index,
-            "kind": kind,
-            "position": position,
-            "token": _text(token.get("token")) or "",
-            "logprob": _float(token.get("logprob")),
-            "bytes": found_bytes if isinstance(found_bytes, list) else None,
-            "top_logprobs": found_top if isinstance(found_top, list) else None,
-        }
+        yield (
+            exchange_id,
+            index,
+            kind,
+            position,
+            _text(token.get("token")) or "",
+            _float(token.get("logprob")),
+            dumps(found_bytes) if isinstance(found_bytes, list) else None,
+            dumps(found_top) if isinstance(found_top, list) else None,
+        )
 
 
 def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
     """The batch by exchange id, each id once (the first occurrence wins)."""
     by_id: dict[str, Rows] = {}
     for rows in batch:
-        by_id.setdefault(rows.exchange["id"], rows)
+        by_id.setdefault(rows.id, rows)
     return by_id
 
 
@@ -310,8 +327,8 @@ _CHILDREN = (
 )
 
 
-def table_rows(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Row]]]:
-    """(table, rows) to insert for exchanges not stored yet, parents first, none empty."""
+def table_rows(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record]]]:
+    """(table, records) to insert for exchanges not stored yet, parents first, none empty."""
     if fresh:
         yield t.exchanges, [rows.exchange for rows in fresh]
     for table, attr in _CHILDREN:
@@ -340,17 +357,17 @@ async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
 
 def _sqlite_time(value: datetime) -> str:
     """A time as SQLAlchemy's SQLite DateTime stores it (UTC wall clock, always with
-    microseconds: "2024-05-01 12:00:00.000000"), so reads parse it back. `isoformat` is several
-    times cheaper than the equivalent `strftime`."""
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    microseconds: "2024-05-01 12:00:00.000000"), so reads parse it back."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    # `isoformat` is several times cheaper than the equivalent `strftime`; [:26] cuts "+00:00".
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 class _Layout(NamedTuple):
     columns: list[str]
-    values: Any
-    """`operator.itemgetter` of the columns: a row dict's values in column order, in C."""
-    json_at: list[int]
     time_at: list[int]
+    """Positions of the time columns, which SQLite gets as text."""
     insert: str
     """`INSERT INTO "table" ("a", "b", ...) VALUES ` for SQLite; row placeholders follow."""
     row: str
@@ -359,43 +376,19 @@ class _Layout(NamedTuple):
 
 @cache
 def _layout(table: sa.Table) -> _Layout:
-    """Columns, JSON/time column positions, and the SQLite INSERT of a table, made once."""
+    """Columns, time column positions, and the SQLite INSERT of a table, made once."""
     columns = [column.name for column in table.columns]
     names = ", ".join(f'"{name}"' for name in columns)
     return _Layout(
         columns=columns,
-        values=itemgetter(*columns),
-        json_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.JSON)],
         time_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.DateTime)],
         insert=f'INSERT INTO "{table.name}" ({names}) VALUES ',
         row="(" + ", ".join("?" * len(columns)) + ")",
     )
 
 
-def _records(table: sa.Table, rows: list[Row], *, sqlite_times: bool) -> list[tuple[Any, ...]]:
-    """Rows as driver-ready tuples: JSON serialised once (orjson), times as SQLite text."""
-    layout = _layout(table)
-    values_of, json_at = layout.values, layout.json_at
-    time_at = layout.time_at if sqlite_times else []
-    if not json_at and not time_at:
-        return [values_of(row) for row in rows]
-    records = []
-    for row in rows:
-        values = list(values_of(row))
-        for i in json_at:
-            value = values[i]
-            if value is not None:
-                values[i] = dumps(value)
-        for i in time_at:
-            value = values[i]
-            if value is not None:
-                values[i] = _sqlite_time(value)
-        records.append(tuple(values))
-    return records
-
-
-async def _bulk_insert(conn: AsyncConnection, table: sa.Table, rows: list[Row]) -> None:
-    """Rows into a table at driver level: COPY on PostgreSQL, one executemany on SQLite.
+async def _bulk_insert(conn: AsyncConnection, table: sa.Table, records: list[Record]) -> None:
+    """Records into a table at driver level: COPY on PostgreSQL, multi-row INSERTs on SQLite.
 
     Only exchanges not yet stored get here (checked in the same transaction; a process writes
     its own exchanges one batch at a time), so no ON CONFLICT is needed. SQLAlchemy's general
@@ -406,24 +399,29 @@ async def _bulk_insert(conn: AsyncConnection, table: sa.Table, rows: list[Row]) 
         raw = await conn.get_raw_connection()
         driver: asyncpg.Connection = raw.driver_connection
         columns = _layout(table).columns
-        records = _records(table, rows, sqlite_times=False)
         try:
             await driver.copy_records_to_table(table.name, records=records, columns=columns)
         except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
             # The data's fault, not the database's: the recorder sets such records aside.
             raise ValueError(f"{type(exc).__name__}: {exc}") from exc
     else:
-        for sql, params in sqlite_inserts(table, rows):
+        for sql, params in sqlite_inserts(table, records):
             await conn.exec_driver_sql(sql, params)
 
 
-def sqlite_inserts(table: sa.Table, rows: list[Row]) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """(SQL, parameters) of the multi-row INSERTs that put `rows` into `table` on SQLite."""
-    records = _records(table, rows, sqlite_times=True)
+def sqlite_inserts(table: sa.Table, records: list[Record]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """(SQL, parameters) of the multi-row INSERTs that put `records` into `table` on SQLite."""
+    time_at = _layout(table).time_at
     per = _sqlite_rows_per_insert(len(records[0]))
     for start in range(0, len(records), per):
         chunk = records[start : start + per]
-        yield _sqlite_insert(table, len(chunk)), tuple(chain.from_iterable(chunk))
+        params = list(chain.from_iterable(chunk))
+        width = len(chunk[0])
+        for i in time_at:
+            for at in range(i, len(params), width):
+                if params[at] is not None:
+                    params[at] = _sqlite_time(params[at])
+        yield _sqlite_insert(table, len(chunk)), tuple(params)
 
 
 def _sqlite_rows_per_insert(width: int) -> int:
