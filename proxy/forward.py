@@ -112,6 +112,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return error_response(500, f"flightrec: {exc}", "proxy_error", None, exchange.id)
     finally:
         exchange.duration_ms = (time.perf_counter() - started) * 1000
+        _describe_request(exchange, request.headers)
         if exchange.omit_request:
             exchange.request_body = exchange.request_json = None
         if exchange.omit_response:
@@ -141,31 +142,12 @@ async def _relay(
             exchange.id,
         )
 
-    controls = control_headers(request.headers)
-    exchange.tags = controls.tags
-    exchange.omit_request = controls.omit_request
-    exchange.omit_response = controls.omit_response
-    exchange.replay_of = controls.replay_of
-    exchange.key_hash, exchange.key_hint = key_identity(request.headers)
     exchange.request_body = body
-
-    payload = _parse_json_body(body)
-    exchange.request_json = payload
     injected = False
-    if isinstance(payload, dict):
-        model = payload.get("model")
-        exchange.model = model if isinstance(model, str) else None
-        exchange.stream = payload.get("stream") is True
-        user = payload.get("user") or payload.get("safety_identifier")
-        exchange.user = controls.user or (user if isinstance(user, str) else None)
-        if (
-            exchange.stream
-            and config.stream_usage == "inject"
-            and request.path.endswith(USAGE_PATHS)
-        ):
+    if config.stream_usage == "inject" and request.path.endswith(USAGE_PATHS):
+        payload = exchange.request_json = _parse_json_body(body)
+        if isinstance(payload, dict) and payload.get("stream") is True:
             body, injected = _ask_for_usage(payload, body)
-    else:
-        exchange.user = controls.user
 
     headers = upstream_headers(request.headers, identity_encoding=injected)
     url = URL(upstream.base_url + rest, encoded=True)
@@ -244,7 +226,8 @@ async def _pump(
     cancel_on_disconnect: bool,
 ) -> None:
     """Copy the upstream body to the client as it arrives; the tee looks at each piece after
-    it was written, except when it must cut out the usage event the proxy asked for."""
+    it was written, except when it must cut out the usage event the proxy asked for and the
+    piece may hold it."""
     exchange = tee.exchange
     client_here = True
 
@@ -260,7 +243,7 @@ async def _pump(
 
     try:
         async for piece in upstream_response.content.iter_any():
-            if tee.withhold:
+            if tee.withhold and not tee.passes(piece):
                 out = tee.feed(piece)
                 if client_here and out:
                     await send(out)
@@ -285,6 +268,28 @@ async def _pump(
         rest = tee.end()
     if rest and client_here:
         await send(rest)
+
+
+def _describe_request(exchange: Exchange, headers: Any) -> None:
+    """What the record says about the request besides its bytes: the control headers, the
+    key, the model, the user. Worked out once the response is over, so that none of it
+    stands between the client and its first byte."""
+    controls = control_headers(headers)
+    exchange.tags = controls.tags
+    exchange.omit_request = controls.omit_request
+    exchange.omit_response = controls.omit_response
+    exchange.replay_of = controls.replay_of
+    exchange.key_hash, exchange.key_hint = key_identity(headers)
+    exchange.user = controls.user
+    payload = exchange.request_json
+    if payload is None and exchange.request_body:
+        payload = exchange.request_json = _parse_json_body(exchange.request_body)
+    if isinstance(payload, dict):
+        model = payload.get("model")
+        exchange.model = model if isinstance(model, str) else None
+        exchange.stream = exchange.stream or payload.get("stream") is True
+        user = payload.get("user") or payload.get("safety_identifier")
+        exchange.user = controls.user or (user if isinstance(user, str) else None)
 
 
 def _unreachable(

@@ -67,6 +67,11 @@ class SSEParser:
             return self.offset - sum(map(len, self._tail))
         return None
 
+    @property
+    def settled(self) -> bool:
+        """Every byte fed so far is settled and no line is partly received."""
+        return not self._tail and self._start is None
+
     def feed(self, data: bytes) -> list[Event]:
         """The events that `data`, the next piece of the stream, completes."""
         if not data:

@@ -9,6 +9,7 @@ out of the stream and releases everything else up to the start of the event bein
 
 from __future__ import annotations
 
+import re
 import time
 import zlib
 from array import array
@@ -22,6 +23,8 @@ from .exchange import Exchange
 from .sse import Event, SSEParser
 
 USAGE_ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses")
+_USAGE_VALUE = re.compile(rb'"usage"\s*:\s*(?!null)')
+"""A usage key whose value is not null: the only kind of event the proxy ever withholds."""
 
 
 class Assembler(Protocol):
@@ -142,6 +145,18 @@ class StreamTee:
         self._raw = bytearray() if keep_raw and sse else None
         self._raw_ends = array("q")
         self._raw_times = array("d")
+
+    def passes(self, piece: bytes) -> bool:
+        """Whether `piece` may go to the client before the tee looks at it although an event is
+        being withheld: it starts and ends between events and none of them carries usage. So
+        only the usage event itself waits to be parsed, not the first byte of every stream."""
+        sse = self._sse
+        return (
+            sse is not None
+            and sse.settled
+            and piece.endswith((b"\n\n", b"\n\r\n"))
+            and _USAGE_VALUE.search(piece) is None
+        )
 
     def feed(self, piece: bytes) -> bytes:
         """Look at the next piece of the body; returns the bytes the client may have now."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import random
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -82,6 +83,8 @@ class FakeUpstream:
     completion: dict[str, Any] = field(default_factory=completion)
     sse_body: bytes | None = None
     piece_size: int | None = None
+    by_event: bool = False
+    """Write the body one SSE event at a time (each piece ends with its blank line)."""
     pause: float = 0.0
     compress: bool = False
     seen: list[Seen] = field(default_factory=list)
@@ -146,8 +149,10 @@ class FakeUpstream:
             response.content_length = len(data)
         await response.prepare(request)
         size = self.piece_size or len(data) or 1
-        for start in range(0, len(data), size):
-            piece = data[start : start + size]
+        pieces = [data[start : start + size] for start in range(0, len(data), size)]
+        if self.by_event:
+            pieces = [piece for piece in re.split(rb"(?<=\n\n)|(?<=\n\r\n)", data) if piece]
+        for piece in pieces:
             await response.write(piece)
             self.sent += piece
             if self.pause:

@@ -44,13 +44,16 @@ def _less_usage_event(body: bytes) -> bytes:
     return b"\n\n".join(kept)
 
 
-@pytest.mark.parametrize("piece_size", [1, 7, None])
+@pytest.mark.parametrize("piece_size", [1, 7, None, "event"])
 @pytest.mark.parametrize("include_usage", [True, False])
 async def test_stream_bytes_are_the_upstreams(
-    upstream: FakeUpstream, proxy: RunningProxy, piece_size: int | None, include_usage: bool
+    upstream: FakeUpstream, proxy: RunningProxy, piece_size: int | str | None, include_usage: bool
 ) -> None:
     upstream.completion["choices"][0]["message"]["content"] = UTF8_HEAVY * 3
-    upstream.piece_size = piece_size
+    if piece_size == "event":  # whole events go out before they are parsed; usage never does
+        upstream.by_event, upstream.pause = True, 0.002
+    else:
+        upstream.piece_size = piece_size
     status, headers, received = await _post_raw(proxy.base_url, _request(True, include_usage))
     assert status == 200
     sent = bytes(upstream.sent)
@@ -258,8 +261,9 @@ async def test_stream_endings_are_recorded_with_what_came_before(
     assert any("not JSON" in problem for problem in exchange.parse_errors)
 
 
-async def test_withheld_usage_event_with_crlf_cut_between_cr_and_lf(
-    upstream: FakeUpstream, proxy: RunningProxy
+@pytest.mark.parametrize("by_event", [False, True], ids=["byte-by-byte", "by-event"])
+async def test_withheld_usage_event_with_crlf(
+    upstream: FakeUpstream, proxy: RunningProxy, by_event: bool
 ) -> None:
     chunks: list[dict[str, Any]] = [
         {
@@ -281,7 +285,10 @@ async def test_withheld_usage_event_with_crlf_cut_between_cr_and_lf(
     ]
     body = chunks_to_sse(chunks).replace(b"\n", b"\r\n")
     upstream.sse_body = body
-    upstream.piece_size = 1
+    if by_event:
+        upstream.by_event, upstream.pause = True, 0.002
+    else:
+        upstream.piece_size = 1
     _, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=False))
     events = body.split(b"\r\n\r\n")
     assert received == b"\r\n\r\n".join([events[0], *events[2:]])
