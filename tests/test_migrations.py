@@ -139,3 +139,33 @@ def test_scripts_found_in_an_installed_layout(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(site / "proxy" / "_migrations")
     assert asyncio.run(table_names(sqlite_url(db))) == TABLES | {"alembic_version"}
+
+
+async def index_definitions(url: str) -> dict[str, str]:
+    """Each index on `exchanges` by name, with its definition as the database keeps it."""
+    engine = create_engine(url)
+    sql = (
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'exchanges'"
+        if url.startswith("postgresql")
+        else "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'exchanges'"
+    )
+    try:
+        async with engine.connect() as conn:
+            return {name: definition or "" for name, definition in await conn.execute(sa.text(sql))}
+    finally:
+        await engine.dispose()
+
+
+async def test_0002_makes_the_user_and_replay_indexes_partial_and_back(db_url: str) -> None:
+    await upgrade(db_url)
+    found = await index_definitions(db_url)
+    assert "ix_exchanges_upstream_started_at" not in found
+    assert "end_user IS NOT NULL" in found["ix_exchanges_end_user_started_at"]
+    assert "replay_of IS NOT NULL" in found["ix_exchanges_replay_of"]
+    assert "WHERE" not in found["ix_exchanges_model_started_at"]
+
+    await downgrade(db_url, "0001")
+    found = await index_definitions(db_url)
+    assert "ix_exchanges_upstream_started_at" in found
+    assert "WHERE" not in found["ix_exchanges_end_user_started_at"]
+    assert "WHERE" not in found["ix_exchanges_replay_of"]

@@ -12,6 +12,8 @@ both sort and compare as time. Exchange ids are UUIDv7 strings, time-ordered.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 metadata = sa.MetaData(
@@ -36,6 +38,12 @@ def _exchange_id() -> sa.Column[str]:
         sa.ForeignKey("exchanges.id", ondelete="CASCADE"),
         primary_key=True,
     )
+
+
+def _where_set(column: str) -> dict[str, Any]:
+    """A partial index's condition on both engines: only rows where `column` has a value."""
+    where = sa.text(f"{column} IS NOT NULL")
+    return {"sqlite_where": where, "postgresql_where": where}
 
 
 exchanges = sa.Table(
@@ -79,9 +87,9 @@ exchanges = sa.Table(
     sa.Index(None, "started_at"),
     sa.Index(None, "model", "started_at"),
     sa.Index(None, "key_hash", "started_at"),
-    sa.Index(None, "end_user", "started_at"),
-    sa.Index(None, "upstream", "started_at"),
-    sa.Index(None, "replay_of"),
+    # Partial: most records have no user and are not replays (migration 0002).
+    sa.Index(None, "end_user", "started_at", **_where_set("end_user")),
+    sa.Index(None, "replay_of", **_where_set("replay_of")),
 )
 
 tags = sa.Table(
