@@ -65,6 +65,15 @@ def match_upstream(upstreams: tuple[Upstream, ...], raw_path: str) -> tuple[Upst
     return best
 
 
+class _HeadersWithBody(web.StreamResponse):
+    """A response whose headers leave with the first piece of its body, as aiohttp's own
+    `web.Response` does, so a small answer takes one write and one packet instead of two
+    (one send less per request: bench/). Streams send their headers at once, as the upstream
+    did: a client may be waiting on them before the first event."""
+
+    _send_headers_immediately = False
+
+
 def key_identity(headers: Any) -> tuple[str | None, str | None]:
     """`key_hash` (SHA-256 hex prefix) and `key_hint` of the API key; the key never leaves."""
     key: str | None = None
@@ -178,9 +187,8 @@ async def _relay(
         # Withholding an event means cutting bytes out of the body, which only works uncompressed.
         withhold = injected and is_sse and encoding in ("", "identity")
 
-        response = web.StreamResponse(
-            status=upstream_response.status, reason=upstream_response.reason
-        )
+        kind = web.StreamResponse if is_sse else _HeadersWithBody
+        response = kind(status=upstream_response.status, reason=upstream_response.reason)
         response.headers.extend(response_headers(upstream_response.headers, withhold))
         response.headers["X-Flightrec-Id"] = exchange.id
         await response.prepare(request)
