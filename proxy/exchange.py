@@ -70,12 +70,13 @@ class Exchange:
     request_body: bytes | None = None
     """The request body exactly as the client sent it; None when omitted."""
     request_json: Any = None
-    """The request body parsed as JSON, when it is JSON (kept even when `request_body` is omitted
-    from storage is decided by `omit_request`)."""
+    """`request_body` parsed, when it is JSON; whether it is stored is `omit_request`'s say.
+    The store keeps the body's own text as the JSON, so the two must always agree."""
     response_body: bytes | None = None
     """The non-streamed response body, decompressed; None for streams and when not captured."""
     response_json: Any = None
-    """The response as JSON: the body for non-streams, the reassembled object for streams."""
+    """The response as JSON: `response_body` parsed for non-streams (the two must agree, as
+    for the request), the reassembled object for streams."""
     response_bytes: int = 0
     """Bytes of body the client received (after withholding an injected usage event)."""
     content_type: str | None = None

@@ -135,4 +135,9 @@ def chat_exchange(
     ex.upstream_request_id = "req_123"
     for name, value in fields.items():
         setattr(ex, name, value)
+    # A body's JSON and its text must agree (the store keeps the text): a JSON given here has
+    # no text of its own.
+    for part in ("request", "response"):
+        if f"{part}_json" in fields and f"{part}_body" not in fields:
+            setattr(ex, f"{part}_body", None)
     return ex

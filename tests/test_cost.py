@@ -420,6 +420,8 @@ async def test_what_counts_as_unpriced(db_url: str) -> None:
     # gpt-5.2 answered: never priced as gpt-5 (prefix rule), nor as the model asked for.
     other = chat_exchange(model="gpt-5", user="other", response_model="gpt-5.2")
     other.response_json = {**other.response_json, "model": "gpt-5.2"}
+    for changed in (cut_short, failed, other):
+        changed.response_body = None  # its JSON was changed here: no body text agrees with it
     await write(db_url, [priced, cut_short, failed, listed, other])
 
     rows = {row["group"]: row for row in await report_rows(db_url, "user")}

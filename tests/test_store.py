@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -283,7 +284,7 @@ async def test_bodies_that_are_not_json_are_kept_as_bytes(engine: AsyncEngine) -
 
 
 async def test_odd_shapes_lose_projections_never_the_record(engine: AsyncEngine) -> None:
-    odd = chat_exchange()
+    odd = chat_exchange(response_body=None)  # given as JSON only: no body text to keep
     odd.response_json = {
         "object": "chat.completion",
         "choices": [None, {"index": "x", "message": {"content": ["parts"]}, "logprobs": 5}],
@@ -351,3 +352,18 @@ async def test_raw_stream_kept_exactly_for_playback(engine: AsyncEngine) -> None
     assert await get_raw_stream(engine, omitted.id) is None
     [(size,)] = await rows(engine, "SELECT length(gz) FROM raw_streams")
     assert size < len(raw) / 4  # stored compressed
+
+
+async def test_a_json_body_is_stored_as_the_text_that_was_sent(engine: AsyncEngine) -> None:
+    text = b'{ "model" : "gpt-4o-mini",\n  "messages": [], "z": 1, "a": 1.10 }\n'
+    ex = chat_exchange()
+    ex.request_body, ex.request_json = text, orjson.loads(text)
+    await write(engine, [ex])
+    async with engine.connect() as conn:
+        as_text = sa.select(sa.cast(t.exchanges.c.request, sa.Text))
+        stored = (await conn.execute(as_text)).scalar_one()
+    # Spacing, key order and numbers as written (serialised again, 1.10 would be 1.1) are
+    # kept; it reads back as what was parsed.
+    assert stored == text.decode()
+    shown = await get_exchange(engine, ex.id)
+    assert list(shown["request"]) == ["model", "messages", "z", "a"]

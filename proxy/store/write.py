@@ -133,6 +133,19 @@ def _json(value: Any) -> str | None:
     return None if value is None else dumps(value)
 
 
+def _body_json(parsed: Any, raw: bytes | None) -> str | None:
+    """A body's JSON column: the text it was parsed from when there is one (what was sent,
+    key order and spacing kept, and nothing serialised again), else the value serialised."""
+    if parsed is None:
+        return None
+    if raw is not None:
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:  # cannot be what a JSON parser accepted: not its source
+            pass
+    return dumps(parsed)
+
+
 def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     """The rows of one exchange, priced with `prices` (default: the shipped table).
 
@@ -164,10 +177,10 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
             response_model,
             _text(ex.outcome) or "ok",
             _text(ex.error),
-            _json(bodies.request),
+            _body_json(bodies.request, ex.request_body),
             bodies.request_body,
             ex.omit_request,
-            _json(bodies.response),
+            _body_json(bodies.response, ex.response_body),
             bodies.response_body,
             ex.omit_response,
             _int(ex.response_bytes, _INT64) or 0,
