@@ -319,8 +319,19 @@ def _parse_json_body(body: bytes) -> Any:
         return None
 
 
+_USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
+
+
 def _ask_for_usage(payload: dict[str, Any], body: bytes) -> tuple[bytes, bool]:
-    """The body with `stream_options.include_usage` set, unless the client asked already."""
+    """The body with `stream_options.include_usage` set, unless the client asked already.
+
+    Without `stream_options` in the body (the usual case) the key is added after the client's
+    last one, so the upstream gets the client's own bytes plus that key (numbers, escapes and
+    spacing as sent), and nothing is serialised on the way to the first byte. `payload` is
+    `body` parsed, so the body is an object ending in `}`.
+    """
+    if "stream_options" not in payload:
+        return body.rstrip()[:-1] + _USAGE_OPTION, True
     options = payload.get("stream_options")
     if options is None:
         options = {}

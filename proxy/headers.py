@@ -27,9 +27,13 @@ SUPPORTED_ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
 Headers = CIMultiDictProxy[str] | CIMultiDict[str]
 
 
-def _connection_tokens(headers: Headers) -> set[str]:
+def _connection_tokens(headers: Headers) -> set[str] | frozenset[str]:
+    """The headers named in `Connection` (hop-by-hop for this connection only)."""
+    values = headers.getall("Connection", ())
+    if not values:
+        return frozenset()
     tokens: set[str] = set()
-    for value in headers.getall("Connection", []):
+    for value in values:
         tokens.update(token.strip().lower() for token in value.split(","))
     return tokens
 
@@ -53,15 +57,20 @@ def _accept_encoding(value: str) -> str:
     return ", ".join(kept) or "identity"
 
 
+_NOT_UPSTREAM = HOP_BY_HOP | {"host", "content-length"}
+
+
 def upstream_headers(headers: Headers, *, identity_encoding: bool) -> CIMultiDict[str]:
     """The client's headers as the upstream gets them: less hop-by-hop, Host, length, controls.
 
     `identity_encoding` asks for an uncompressed body: the proxy must cut an event out of it.
+    One pass, on every request's way upstream.
     """
+    listed = _connection_tokens(headers)
     out: CIMultiDict[str] = CIMultiDict()
-    for name, value in _end_to_end(headers, frozenset({"host", "content-length"})):
+    for name, value in headers.items():
         lower = name.lower()
-        if lower.startswith(CONTROL_PREFIX):
+        if lower in _NOT_UPSTREAM or lower in listed or lower.startswith(CONTROL_PREFIX):
             continue
         if lower == "accept-encoding":
             value = "identity" if identity_encoding else _accept_encoding(value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -171,6 +172,28 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
     async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
         pass
     assert b'"stream_options":{"include_usage":true}' in upstream.seen[-1].body
+
+    # The client's own bytes go up with the one key added; an option object of its own is
+    # merged (a key twice in one object is not JSON every parser takes).
+    async with aiohttp.ClientSession() as session:
+        for sent, expected in (
+            (
+                b'{"model": "m", "stream": true, "n": 1.50, "x": "\\u00e9"}\n',
+                b'{"model": "m", "stream": true, "n": 1.50, "x": "\\u00e9","stream_options":'
+                b'{"include_usage":true}}',
+            ),
+            (
+                b'{"model":"m","stream":true,"stream_options":{"other":1}}',
+                b'{"model":"m","stream":true,"stream_options":{"other":1,"include_usage":true}}',
+            ),
+            (
+                b'{"model":"m","stream":true,"stream_options":null}',
+                b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}',
+            ),
+        ):
+            async with session.post(f"{proxy.base_url}/chat/completions", data=sent) as response:
+                await response.read()
+            assert upstream.seen[-1].body == expected
 
     passthrough = await make_proxy(stream_usage="passthrough")
     client = openai.AsyncOpenAI(base_url=passthrough.base_url, api_key=KEY)
