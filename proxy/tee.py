@@ -23,7 +23,7 @@ from .exchange import Exchange
 from .sse import Event, SSEParser
 
 USAGE_ENDPOINTS = ("/chat/completions", "/completions", "/embeddings", "/responses")
-_USAGE_VALUE = re.compile(rb'"usage"\s*:\s*(?!null)')
+_USAGE_VALUE = re.compile(rb'"usage"\s*:(?!\s*null)')
 """A usage key whose value is not null: the only kind of event the proxy ever withholds."""
 
 

@@ -13,6 +13,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.exchange import Exchange
+from proxy.tee import StreamTee
+
 from .conftest import CAPTURES, FakeUpstream, RunningProxy
 from .streamgen import chunks_to_sse
 
@@ -315,3 +318,29 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
     assert len(exchange.parse_errors) == len(bad)
     choice = exchange.response_json["choices"][0]
     assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")
+
+
+@pytest.mark.parametrize(
+    ("piece", "passes"),
+    [
+        (b'data: {"choices":[{"index":0}],"usage":null}\n\n', True),
+        (b'data: {"choices": [], "usage" : null }\r\n\r\n', True),
+        (b'data: {"choices":[],"usage":{"total_tokens":3}}\n\n', False),
+        (b'data: {"choices": [], "usage": {"total_tokens": 3}}\n\n', False),
+        (b'data: {"choices":[{"index":0}],"usage":null}\n', False),  # ends inside an event
+        (b"data: [DONE]\n\n", True),
+    ],
+)
+def test_what_may_go_out_before_it_is_parsed(piece: bytes, passes: bool) -> None:
+    tee = StreamTee(
+        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
+        encoding="",
+        sse=True,
+        injected=True,
+        withhold=True,
+        max_record_bytes=1 << 20,
+        started=time.perf_counter(),
+    )
+    assert tee.passes(piece) is passes
+    tee.feed(b'data: {"choices":[{"index":0,"delta":{"content":"a')  # an event half received
+    assert not tee.passes(piece)  # nothing goes ahead of the bytes held back
