@@ -226,13 +226,30 @@ def rotated(targets: list[Target], turn: int) -> list[Target]:
     return [t for t in targets[turn:] + targets[:turn] if alive(t)]
 
 
+RESTARTS = 3
+"""Times a target that dies during the bench is started again (LiteLLM 1.106 segfaulted
+inside CPython now and then here); the crashes are reported with the results."""
+
+
 def alive(target: Target) -> bool:
+    """Whether the target can be measured; one that died is started again, up to RESTARTS
+    times."""
     process = target.process
-    if not target.skipped and process is not None and process.poll() is not None:
-        target.skipped = f"exited during the bench (status {process.returncode})"
-        target.skipped += _tail(target.log_path)
-        print(f"  {target.name} {target.skipped}", flush=True)
-    return not target.skipped
+    if target.skipped or process is None or process.poll() is None:
+        return not target.skipped
+    status = process.returncode
+    print(f"  {target.name} exited during the bench (status {status})", flush=True)
+    if target.log_dir is not None and len(target.crashes) < RESTARTS:
+        target.crashes.append(status)
+        try:
+            procs.start(target, target.log_dir)
+            procs.wait_ready(target)
+            print(f"  {target.name} started again", flush=True)
+            return True
+        except (OSError, RuntimeError) as exc:
+            status = f"{status}; starting it again failed: {exc}"
+    target.skipped = f"exited during the bench (status {status}){_tail(target.log_path)}"
+    return False
 
 
 def closed_measures(
@@ -479,7 +496,8 @@ def run(
         for target in targets:
             alive(target)  # notes a target that died during the last measure
         results["targets"] = {
-            t.name: {"about": t.about, "skipped": t.skipped, "argv": t.argv} for t in targets
+            t.name: {"about": t.about, "skipped": t.skipped, "argv": t.argv, "crashes": t.crashes}
+            for t in targets
         }
         results["raw"] = raw
         if "reassembly" in measures:

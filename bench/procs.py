@@ -110,6 +110,9 @@ class Target:
     cleanup: Callable[[], None] | None = None
     process: subprocess.Popen[bytes] | None = None
     log_path: str | None = None
+    log_dir: Path | None = None
+    crashes: list[int] = field(default_factory=list)
+    """Exit statuses of the times it died during the bench and was started again."""
 
     @property
     def pids(self) -> list[int]:
@@ -120,7 +123,9 @@ def start(target: Target, log_dir: Path) -> None:
     """Start the target's process; its output goes to a log file in `log_dir`."""
     if not target.argv:
         return
-    target.log_path = str(log_dir / f"{target.name}.log")
+    target.log_dir = log_dir
+    suffix = f".{len(target.crashes)}" if target.crashes else ""  # keep the log of a crash
+    target.log_path = str(log_dir / f"{target.name}{suffix}.log")
     log: IO[bytes] = open(target.log_path, "wb")  # noqa: SIM115 - the child owns it
     with log:
         target.process = subprocess.Popen(

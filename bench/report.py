@@ -67,7 +67,9 @@ def summarize(raw: dict[str, Any], names: list[str]) -> Summary:
         if name in cpu:
             rows = _ok(cpu[name])
             s["rps_c8"] = _median(r["rps"] for r in rows)
-            s["cpu_us"] = _median(r["cpu_s"] / r["ok"] * 1e6 for r in rows if "cpu_s" in r)
+            # A round in which the target died measured part of a process: not a CPU figure.
+            clean = [r for r in rows if "cpu_s" in r and not r.get("errors")]
+            s["cpu_us"] = _median(r["cpu_s"] / r["ok"] * 1e6 for r in clean)
             s["rss_kib"] = _median(r.get("rss_kib") for r in rows)
             s["cpu_errors"] = sum(r.get("errors", 0) for r in cpu[name])
         maxrate = raw.get("maxrate", {})
@@ -259,6 +261,14 @@ def markdown(results: dict[str, Any]) -> str:
     skipped = {n: t["skipped"] for n, t in results.get("targets", {}).items() if t["skipped"]}
     lines += ["", "## Skipped", ""]
     lines += [f"- {n}: {why}" for n, why in skipped.items()] or ["- nothing"]
+    crashed = {n: t["crashes"] for n, t in results.get("targets", {}).items() if t.get("crashes")}
+    if crashed:
+        lines += ["", "## Started again after exiting during the bench", ""]
+        lines += [
+            f"- {n}: {len(statuses)} time(s), exit statuses {statuses}; a c=8 CPU round with "
+            "errors is left out of its CPU median"
+            for n, statuses in crashed.items()
+        ]
     lines += ["", "## Targets", ""]
     lines += [f"- {n}: {t['about']}" for n, t in results.get("targets", {}).items()]
     return "\n".join(lines) + "\n"

@@ -5,10 +5,12 @@ the parts work together and the figures come out sane, never how fast anything i
 from __future__ import annotations
 
 import math
+import signal
+import sys
 from pathlib import Path
 
-from bench import report
-from bench.__main__ import Plan, run
+from bench import procs, report
+from bench.__main__ import RESTARTS, Plan, alive, run
 
 TINY = Plan(
     rounds=1,
@@ -48,3 +50,29 @@ def test_harness_runs_end_to_end(tmp_path: Path) -> None:
     assert summary["relay"]["cpu_us_x"] == 1.0
     assert math.isfinite(summary["flightrec-memory"]["cpu_us_x"])
     assert "| flightrec-memory |" in report.markdown(results)
+    assert all(t["crashes"] == [] for t in results["targets"].values())
+    results["targets"]["relay"]["crashes"] = [-11]
+    assert "- relay: 1 time(s), exit statuses [-11]" in report.markdown(results)
+
+
+def test_a_target_that_dies_is_started_again(tmp_path: Path) -> None:
+    port = procs.free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    target = procs.Target("peer", "a peer that crashes", server, port, ready_path="/")
+    procs.start(target, tmp_path)
+    try:
+        procs.wait_ready(target)
+        assert target.process is not None
+        target.process.kill()
+        target.process.wait(5)
+        assert alive(target)  # started again, and answering
+        assert target.crashes == [-signal.SIGKILL]
+        assert target.process.poll() is None
+        for _ in range(RESTARTS):
+            target.process.kill()
+            target.process.wait(5)
+            alive(target)
+        assert not alive(target)  # given up after RESTARTS
+        assert target.skipped and "exited during the bench" in target.skipped
+    finally:
+        procs.stop(target)
