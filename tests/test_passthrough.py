@@ -132,6 +132,34 @@ async def test_upstream_error_passes_through_with_headers_and_body(
     assert exchange.status == 429 and exchange.usage_source is None
 
 
+async def test_answers_without_a_body_and_slow_bodies_keep_their_headers(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    # Headers of a non-stream answer leave with its first body piece, or at its end when it
+    # has none.
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/slow"):
+            response = web.StreamResponse(headers={"x-request-id": "req_slow"})
+            response.content_type = "application/octet-stream"
+            await response.prepare(request)
+            for piece in (b"one ", b"two"):
+                await asyncio.sleep(0.05)
+                await response.write(piece)
+            await response.write_eof()
+            return response
+        return web.Response(status=204, headers={"x-request-id": "req_204"})
+
+    upstream.override = answer
+    for method in ("DELETE", "HEAD"):
+        status, headers, received = await _get(proxy.base_url + "/files/f1", method=method)
+        assert (status, received, headers["x-request-id"]) == (204, b"", "req_204")
+    status, headers, received = await _get(proxy.base_url + "/files/slow")
+    assert (status, received, headers["x-request-id"]) == (200, b"one two", "req_slow")
+    recorded = await proxy.recorder.wait_for(3)
+    assert [ex.status for ex in recorded] == [204, 204, 200]
+    assert all(ex.outcome == "ok" for ex in recorded)
+
+
 def _assert_openai_error(body: bytes, type_: str | None = None) -> dict[str, Any]:
     error = orjson.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
