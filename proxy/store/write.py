@@ -70,7 +70,6 @@ class Rows:
     datetimes (`exchanges.started_at`, `fingerprint`): SQLite stores them as text,
     PostgreSQL as timestamptz."""
 
-    id: str
     exchange: Record
     tags: list[Record] = field(default_factory=list)
     completions: list[Record] = field(default_factory=list)
@@ -79,6 +78,11 @@ class Rows:
     logprobs: list[Record] = field(default_factory=list)
     raw_streams: list[Record] = field(default_factory=list)
     fingerprint: Row | None = None
+
+    @property
+    def id(self) -> str:
+        """The exchange's id: the first column of its row."""
+        return str(self.exchange[0])
 
 
 def _int(value: Any, limit: int = _INT32) -> int | None:
@@ -162,7 +166,6 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     cost, entry = cost_for(prices or shipped_prices(), model, response_model, usage)
     exchange_id = ex.id
     rows = Rows(
-        exchange_id,
         (
             exchange_id,
             started,
