@@ -19,7 +19,8 @@ from aiohttp import web
 
 from .config import Config
 from .forward import forward
-from .keys import APP_CONFIG, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_RECORDER, APP_SESSION
+from .later import Later
 from .recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 async def _recorder(app: web.Application) -> AsyncIterator[None]:
     await app[APP_RECORDER].start()
     yield
+    app[APP_LATER].flush(close=True)  # records still being completed go to the recorder first
     await app[APP_RECORDER].close()
 
 
@@ -62,6 +64,7 @@ def build_app(config: Config, recorder: Recorder) -> web.Application:
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
+    app[APP_LATER] = Later()
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_recorder)
     app.router.add_get("/healthz", healthz)

@@ -3,7 +3,8 @@
 Follow one exchange from top to bottom: `forward` matches the upstream, `_relay` sends the
 request and copies the response to the client piece by piece (each piece is written before the
 proxy looks at it), `StreamTee` parses and reassembles what went by, and the `finally` in
-`forward` hands the exchange to the recorder on every outcome.
+`forward` hands the exchange on, whatever the outcome, to `_conclude`, which completes the
+record a moment later (`Later`) and gives it to the recorder.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from yarl import URL
 from .config import Config, Upstream
 from .exchange import Exchange
 from .headers import control_headers, response_headers, upstream_headers
-from .keys import APP_CONFIG, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_RECORDER, APP_SESSION
+from .recorder import Recorder
 from .tee import StreamTee
 
 log = logging.getLogger(__name__)
@@ -65,13 +67,19 @@ def match_upstream(upstreams: tuple[Upstream, ...], raw_path: str) -> tuple[Upst
     return best
 
 
-class _HeadersWithBody(web.StreamResponse):
-    """A response whose headers leave with the first piece of its body, as aiohttp's own
-    `web.Response` does, so a small answer takes one write and one packet instead of two
-    (one send less per request: bench/). Streams send their headers at once, as the upstream
-    did: a client may be waiting on them before the first event."""
+class _Response(web.StreamResponse):
+    """A response whose headers may wait for the first piece of its body and leave with it, as
+    aiohttp's own `web.Response` does: one write and one packet instead of two, so the client
+    has its first byte sooner and wakes once (bench/).
 
-    _send_headers_immediately = False
+    A non-streamed answer's headers always wait (for its first piece, or its end). A stream's
+    wait only when its first event came with the upstream's headers and so is in hand;
+    otherwise they leave at once, as they left the upstream: a client may be waiting on them
+    before the first event."""
+
+    def __init__(self, *, status: int, reason: str | None, hold_headers: bool) -> None:
+        super().__init__(status=status, reason=reason)
+        self._send_headers_immediately = not hold_headers
 
 
 def key_identity(headers: Any) -> tuple[str | None, str | None]:
@@ -105,13 +113,17 @@ async def forward(request: web.Request) -> web.StreamResponse:
             "unknown_url",
         )
     upstream, rest = route
-    exchange = Exchange.start(request.method, request.path, request.query_string, upstream.name)
+    # The decoded path and the query are filled in by `_conclude`: nothing before the first
+    # byte needs them.
+    exchange = Exchange.start(request.method, "", "", upstream.name)
     started = time.perf_counter()
+    tees: list[StreamTee] = []
     try:
-        return await _relay(request, config, upstream, rest, exchange, started)
+        return await _relay(request, config, upstream, rest, exchange, started, tees)
     except asyncio.CancelledError:
-        exchange.outcome = "client_disconnected"
-        exchange.error = "client disconnected; upstream request cancelled"
+        if exchange.outcome == "ok":  # else the upstream failed first: that is what happened
+            exchange.outcome = "client_disconnected"
+            exchange.error = "client disconnected; upstream request cancelled"
         raise
     except Exception as exc:  # the record must survive a bug here, and the client gets a 500
         log.exception("exchange %s failed inside the proxy", exchange.id)
@@ -121,12 +133,35 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return error_response(500, f"flightrec: {exc}", "proxy_error", None, exchange.id)
     finally:
         exchange.duration_ms = (time.perf_counter() - started) * 1000
+        app = request.app
+        app[APP_LATER].add(_conclude, exchange, request, tees, app[APP_RECORDER])
+
+
+def _conclude(
+    exchange: Exchange, request: web.Request, tees: list[StreamTee], recorder: Recorder
+) -> None:
+    """Complete the record and hand it to the recorder: after the response, and after the
+    client's next request has gone on (`Later`), so that none of it delays a byte."""
+    try:
+        exchange.path = request.path
+        exchange.query = request.query_string
+        for tee in tees:
+            tee.finish()
+            if exchange.outcome == "ok" and (exchange.status or 0) >= 400:
+                exchange.outcome = "upstream_error"
+                exchange.error = _error_text(exchange.response_json, exchange.response_body)
         _describe_request(exchange, request.headers)
+    except Exception as exc:  # a bug here must not cost the record
+        log.exception("exchange %s: completing the record failed", exchange.id)
+        if exchange.outcome == "ok":
+            exchange.outcome = "proxy_error"
+            exchange.error = f"completing the record failed: {type(exc).__name__}: {exc}"
+    finally:
         if exchange.omit_request:
             exchange.request_body = exchange.request_json = None
         if exchange.omit_response:
             exchange.response_body = exchange.response_json = exchange.raw_stream = None
-        request.app[APP_RECORDER].record(exchange)
+        recorder.record(exchange)
 
 
 async def _relay(
@@ -136,6 +171,7 @@ async def _relay(
     rest: str,
     exchange: Exchange,
     started: float,
+    tees: list[StreamTee],
 ) -> web.StreamResponse:
     try:
         body = await request.read()
@@ -152,15 +188,17 @@ async def _relay(
         )
 
     exchange.request_body = body
+    rest_path = rest.partition("?")[0]
+    endpoint = request.raw_path.partition("?")[0]
     injected = False
-    if config.stream_usage == "inject" and request.path.endswith(USAGE_PATHS):
+    if config.stream_usage == "inject" and endpoint.endswith(USAGE_PATHS):
         payload = exchange.request_json = _parse_json_body(body)
         if isinstance(payload, dict) and payload.get("stream") is True:
             body, injected = _ask_for_usage(payload, body)
 
     headers = upstream_headers(request.headers, identity_encoding=injected)
     url = URL(upstream.base_url + rest, encoded=True)
-    exchange.upstream_url = upstream.base_url + rest.partition("?")[0]
+    exchange.upstream_url = upstream.base_url + rest_path
     session = request.app[APP_SESSION]
     try:
         upstream_response = await session.request(
@@ -187,14 +225,18 @@ async def _relay(
         # Withholding an event means cutting bytes out of the body, which only works uncompressed.
         withhold = injected and is_sse and encoding in ("", "identity")
 
-        kind = web.StreamResponse if is_sse else _HeadersWithBody
-        response = kind(status=upstream_response.status, reason=upstream_response.reason)
+        response = _Response(
+            status=upstream_response.status,
+            reason=upstream_response.reason,
+            hold_headers=not is_sse or upstream_response.content.total_bytes > 0,
+        )
         response.headers.extend(response_headers(upstream_response.headers, withhold))
         response.headers["X-Flightrec-Id"] = exchange.id
         await response.prepare(request)
 
         tee = StreamTee(
             exchange,
+            path=endpoint,
             encoding=encoding,
             sse=is_sse,
             injected=injected,
@@ -203,10 +245,15 @@ async def _relay(
             started=started,
             keep_raw=config.store_raw_stream,
         )
+        tees.append(tee)  # finished by `_conclude`, off the way of the next request
         try:
             await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
             if exchange.outcome in ("upstream_disconnected", "timeout"):
-                response.force_close()  # a cut body must look cut to the client too
+                # A cut body must look cut to the client too: the connection closes without
+                # the body's end (aiohttp would write it once the handler returns).
+                response.force_close()
+                if request.transport is not None:
+                    request.transport.close()
             elif exchange.outcome != "client_disconnected":
                 try:
                     await response.write_eof()
@@ -218,12 +265,6 @@ async def _relay(
             exchange.outcome = "proxy_error"
             exchange.error = f"{type(exc).__name__}: {exc}"
             response.force_close()
-            return response
-        finally:
-            tee.finish()
-        if exchange.outcome == "ok" and upstream_response.status >= 400:
-            exchange.outcome = "upstream_error"
-            exchange.error = _error_text(exchange.response_json, exchange.response_body)
         return response
 
 
@@ -243,7 +284,8 @@ async def _pump(
         nonlocal client_here
         try:
             await response.write(data)
-            tee.delivered(data)
+            if data:
+                tee.delivered(data)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             client_here = False
             exchange.outcome = "client_disconnected"
@@ -253,8 +295,8 @@ async def _pump(
         async for piece in upstream_response.content.iter_any():
             if tee.withhold and not tee.passes(piece):
                 out = tee.feed(piece)
-                if client_here and out:
-                    await send(out)
+                if client_here:
+                    await send(out)  # even b"": headers held for a first piece go out now
             else:
                 if client_here:
                     await send(piece)
@@ -280,8 +322,8 @@ async def _pump(
 
 def _describe_request(exchange: Exchange, headers: Any) -> None:
     """What the record says about the request besides its bytes: the control headers, the
-    key, the model, the user. Worked out once the response is over, so that none of it
-    stands between the client and its first byte."""
+    key, the model, the user. Worked out by `_conclude`, so that none of it stands between
+    the client and a byte."""
     controls = control_headers(headers)
     exchange.tags = controls.tags
     exchange.omit_request = controls.omit_request

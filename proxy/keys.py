@@ -6,8 +6,10 @@ import aiohttp
 from aiohttp import web
 
 from .config import Config
+from .later import Later
 from .recorder import Recorder
 
 APP_CONFIG = web.AppKey("config", Config)
+APP_LATER = web.AppKey("later", Later)
 APP_RECORDER = web.AppKey("recorder", Recorder)
 APP_SESSION = web.AppKey("session", aiohttp.ClientSession)

@@ -1,6 +1,6 @@
 """Where finished exchanges go.
 
-The forwarder hands every exchange, whatever its outcome, to one `Recorder` in its `finally`.
+The forwarder hands every exchange, whatever its outcome, to one `Recorder` (`forward._conclude`).
 `record()` must never block the relay and never raise: the database recorder queues the
 exchange for a background writer.
 """

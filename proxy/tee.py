@@ -112,6 +112,7 @@ class StreamTee:
         self,
         exchange: Exchange,
         *,
+        path: str,
         encoding: str,
         sse: bool,
         injected: bool,
@@ -121,19 +122,31 @@ class StreamTee:
         keep_raw: bool = False,
     ) -> None:
         self.exchange = exchange
+        self._path = path
+        """The endpoint's path: which reassembler, and whether usage and [DONE] are expected."""
         self.withhold = withhold
         self._injected = injected
         self._started = started
         self._max = max_record_bytes
+        self._encoding = encoding
+        self._is_sse = sse
+        self._keep_raw = keep_raw
+        self._set_up = False
+        """The parts below are made on first use: after the first piece went to the client."""
+
+    def _setup(self) -> None:
+        self._set_up = True
+        encoding = self._encoding
         self._readable = encoding in ("", "identity", "gzip", "x-gzip", "deflate")
         self._decoder = Decoder.for_encoding(encoding) if self._readable else None
         if not self._readable:
             self._problem(
                 f"response Content-Encoding {encoding!r} cannot be decoded for the record"
             )
+        sse = self._is_sse
         self._sse = SSEParser() if sse else None
-        self._assembler = assembler_for(exchange.path) if sse else None
-        self._withholder = Withholder() if withhold else None
+        self._assembler = assembler_for(self._path) if sse else None
+        self._withholder = Withholder() if self.withhold else None
         self._body = bytearray()
         self._body_full = False
         self._events: list[Any] = []
@@ -142,7 +155,7 @@ class StreamTee:
         self._stream_error: Any = None
         self._usage: dict[str, Any] | None = None
         # The bytes the client received and when: compact arrays, one entry per write.
-        self._raw = bytearray() if keep_raw and sse else None
+        self._raw = bytearray() if self._keep_raw and sse else None
         self._raw_ends = array("q")
         self._raw_times = array("d")
 
@@ -150,16 +163,19 @@ class StreamTee:
         """Whether `piece` may go to the client before the tee looks at it although an event is
         being withheld: it starts and ends between events and none of them carries usage. So
         only the usage event itself waits to be parsed, not the first byte of every stream."""
-        sse = self._sse
+        if not self._set_up:  # nothing parsed yet: settled
+            settled = self._is_sse
+        else:
+            sse = self._sse
+            settled = sse is not None and sse.settled
         return (
-            sse is not None
-            and sse.settled
-            and piece.endswith((b"\n\n", b"\n\r\n"))
-            and _USAGE_VALUE.search(piece) is None
+            settled and piece.endswith((b"\n\n", b"\n\r\n")) and _USAGE_VALUE.search(piece) is None
         )
 
     def feed(self, piece: bytes) -> bytes:
         """Look at the next piece of the body; returns the bytes the client may have now."""
+        if not self._set_up:
+            self._setup()
         data = piece
         if self._decoder is not None:
             try:
@@ -181,6 +197,8 @@ class StreamTee:
 
     def delivered(self, data: bytes) -> None:
         """`data` has been written to the client."""
+        if not self._set_up:
+            self._setup()
         self.exchange.response_bytes += len(data)
         if self._raw is not None:
             self._raw += data
@@ -189,6 +207,8 @@ class StreamTee:
 
     def end(self) -> bytes:
         """The body has ended (or broken): parse what is left; returns bytes still held."""
+        if not self._set_up:
+            self._setup()
         rest = b""
         if self._readable and self._decoder is not None:
             try:
@@ -266,6 +286,8 @@ class StreamTee:
     def finish(self) -> None:
         """Fill the exchange from what went by. Called once the client has the whole response:
         building the record must not delay the end of the body."""
+        if not self._set_up:
+            self._setup()
         exchange = self.exchange
         result: Any = None
         if self._assembler is not None:
@@ -298,7 +320,7 @@ class StreamTee:
         exchange.usage = self._usage
         if self._usage is not None:
             exchange.usage_source = "injected" if self._injected else "reported"
-        elif exchange.path.endswith(USAGE_ENDPOINTS) and (exchange.status or 0) < 400:
+        elif self._path.endswith(USAGE_ENDPOINTS) and (exchange.status or 0) < 400:
             exchange.usage_source = "missing"
 
         if exchange.outcome != "ok":
@@ -312,7 +334,7 @@ class StreamTee:
             self._sse is not None
             and self._readable
             and not self._done
-            and exchange.path.endswith((*USAGE_ENDPOINTS[:2], "/responses"))
+            and self._path.endswith((*USAGE_ENDPOINTS[:2], "/responses"))
         ):
             exchange.outcome = "upstream_disconnected"
             exchange.error = "stream ended without its final event ([DONE])"

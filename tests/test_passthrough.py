@@ -18,6 +18,7 @@ from proxy.config import Upstream
 from .conftest import FakeUpstream, RunningProxy, free_port
 
 KEY = "sk-live-SECRET-abcdef123456"
+STREAM_REQUEST = {"model": "gpt-4o-mini", "stream": True, "messages": []}
 
 
 async def _get(url: str, **kwargs: Any) -> tuple[int, Any, bytes]:
@@ -158,6 +159,81 @@ async def test_answers_without_a_body_and_slow_bodies_keep_their_headers(
     recorded = await proxy.recorder.wait_for(3)
     assert [ex.status for ex in recorded] == [204, 204, 200]
     assert all(ex.outcome == "ok" for ex in recorded)
+
+
+class _HeldHeaders(web.StreamResponse):
+    """An upstream response whose headers leave with its first write (as flightrec's do)."""
+
+    _send_headers_immediately = False
+
+
+@pytest.mark.parametrize("with_headers", [b"", b'data: {"choices":[{"index":0,"delta":{"con'])
+async def test_stream_headers_do_not_wait_for_a_late_first_event(
+    upstream: FakeUpstream, proxy: RunningProxy, with_headers: bytes
+) -> None:
+    # The proxy lets a stream's headers wait for its first event only when that event came
+    # with them. Here nothing did, or only half an event (which the proxy holds back while it
+    # withholds the usage event it asked for): the headers must still go out at once.
+    rest = b'tent":"hi"}}],"usage":null}\n\n' if with_headers else b""
+    rest += b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+    rest += b'"total_tokens":2}}\n\ndata: [DONE]\n\n'
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        kind = _HeldHeaders if with_headers else web.StreamResponse
+        response = kind(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if with_headers:
+            await response.write(with_headers)
+        await asyncio.sleep(0.5)
+        await response.write(rest)
+        await response.write_eof()
+        return response
+
+    upstream.override = answer
+    started = asyncio.get_running_loop().time()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.base_url + "/chat/completions", json=STREAM_REQUEST) as response,
+    ):
+        headers_after = asyncio.get_running_loop().time() - started
+        body = await response.read()
+    assert response.status == 200 and headers_after < 0.4
+    assert body.endswith(b"data: [DONE]\n\n") and b'"total_tokens":2' not in body
+    (recorded,) = await proxy.recorder.wait_for(1)
+    assert recorded.usage == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+
+
+async def test_a_stream_the_upstream_cuts_is_cut_for_the_client_too(
+    upstream: FakeUpstream, proxy: RunningProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}\n\n'
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()  # gone mid-body: no last chunk
+        await asyncio.sleep(0.1)
+        return response
+
+    upstream.override = answer
+    received = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.base_url + "/chat/completions", json=STREAM_REQUEST) as response,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for piece in response.content.iter_any():
+                received += piece
+    assert received == first  # what came before the cut, then the cut itself
+    (recorded,) = await proxy.recorder.wait_for(1)
+    assert (recorded.outcome, "body broken" in (recorded.error or "")) == (
+        "upstream_disconnected",
+        True,
+    ), recorded.error
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
 
 
 def _assert_openai_error(body: bytes, type_: str | None = None) -> dict[str, Any]:

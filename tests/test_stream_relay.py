@@ -334,6 +334,7 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
 def test_what_may_go_out_before_it_is_parsed(piece: bytes, passes: bool) -> None:
     tee = StreamTee(
         Exchange.start("POST", "/v1/chat/completions", "", "openai"),
+        path="/chat/completions",
         encoding="",
         sse=True,
         injected=True,
