@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -212,6 +213,24 @@ async def make_proxy(upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
     yield start
     for runner in runners:
         await runner.cleanup()
+
+
+Sdk = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def sdk() -> AsyncIterator[Sdk]:
+    """The real OpenAI client, closed when the test ends. One left to the garbage collector
+    closes itself in a task on whatever loop runs by then, and a later test sees its error."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def make(base_url: str, api_key: str, **options: Any) -> openai.AsyncOpenAI:
+        clients.append(openai.AsyncOpenAI(base_url=base_url, api_key=api_key, **options))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.close()
 
 
 @pytest.fixture

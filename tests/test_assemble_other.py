@@ -6,13 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import openai
 import orjson
 from aiohttp import web
 
 from proxy.assemble_other import CompletionAssembler, ResponsesAssembler
 
-from .conftest import FakeUpstream, RunningProxy
+from .conftest import FakeUpstream, RunningProxy, Sdk
 
 RESPONSE: dict[str, Any] = {
     "id": "resp_1",
@@ -98,7 +97,9 @@ def test_responses_assembler_rebuilds_text_of_a_cut_stream() -> None:
     assert assembler.usage == RESPONSE["usage"]
 
 
-async def test_responses_api_through_the_proxy(upstream: FakeUpstream, proxy: RunningProxy) -> None:
+async def test_responses_api_through_the_proxy(
+    upstream: FakeUpstream, proxy: RunningProxy, sdk: Sdk
+) -> None:
     async def responses(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if not body.get("stream"):
@@ -109,7 +110,7 @@ async def test_responses_api_through_the_proxy(upstream: FakeUpstream, proxy: Ru
         return response
 
     upstream.override = responses
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-x")
+    client = sdk(proxy.base_url, "sk-x")
     plain = await client.responses.create(model="gpt-4.1", input="hello")
     streamed = [
         e async for e in await client.responses.create(model="gpt-4.1", input="hello", stream=True)
@@ -127,7 +128,7 @@ async def test_responses_api_through_the_proxy(upstream: FakeUpstream, proxy: Ru
 
 
 async def test_responses_stream_cut_short_is_recorded_with_its_text(
-    upstream: FakeUpstream, proxy: RunningProxy
+    upstream: FakeUpstream, proxy: RunningProxy, sdk: Sdk
 ) -> None:
     async def cut(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -136,7 +137,7 @@ async def test_responses_stream_cut_short_is_recorded_with_its_text(
         return response
 
     upstream.override = cut
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-x")
+    client = sdk(proxy.base_url, "sk-x")
     async for _ in await client.responses.create(model="gpt-4.1", input="x", stream=True):
         pass
     [exchange] = await proxy.recorder.wait_for(1)
@@ -202,7 +203,7 @@ def test_completion_assembler_equals_the_non_streaming_answer() -> None:
 
 
 async def test_legacy_completions_stream_gets_usage_injected(
-    upstream: FakeUpstream, proxy: RunningProxy
+    upstream: FakeUpstream, proxy: RunningProxy, sdk: Sdk
 ) -> None:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -215,7 +216,7 @@ async def test_legacy_completions_stream_gets_usage_injected(
         return response
 
     upstream.override = completions
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="sk-x")
+    client = sdk(proxy.base_url, "sk-x")
     chunks = [
         c
         async for c in await client.completions.create(

@@ -30,7 +30,7 @@ from proxy.store.report import Filters, cost_report, total, usd
 from proxy.store.write import rows_for, write_rows
 
 from . import dbs
-from .conftest import FakeUpstream, completion, free_port
+from .conftest import FakeUpstream, Sdk, completion, free_port
 from .dbs import chat_exchange
 from .streamgen import chunks_to_sse, completion_to_chunks
 from .test_assemble_other import RESPONSE, TEXT_PIECES, as_sse, responses_events
@@ -151,7 +151,7 @@ def write_config(path: Path, url: str, prices: str = HOUSE_PRICES) -> Path:
     return path
 
 
-async def run_workload(base_url: str) -> tuple[list[str], list[Any]]:
+async def run_workload(base_url: str, sdk: Sdk) -> tuple[list[str], list[Any]]:
     """The calls, in order; returns the `X-Flightrec-Id` of each and the streamed chat chunks."""
     ids: list[str] = []
 
@@ -160,9 +160,7 @@ async def run_workload(base_url: str) -> tuple[list[str], list[Any]]:
 
     def client(key: str, **headers: str) -> openai.AsyncOpenAI:
         http = httpx2.AsyncClient(event_hooks={"response": [keep_id]})
-        return openai.AsyncOpenAI(
-            base_url=base_url, api_key=key, max_retries=0, http_client=http, default_headers=headers
-        )
+        return sdk(base_url, key, max_retries=0, http_client=http, default_headers=headers)
 
     search = {"X-Flightrec-Tag-Team": "search"}
     ads = {"X-Flightrec-Tag-Team": "ads"}
@@ -201,7 +199,7 @@ TOTAL = sum((cost for cost in EXPECTED if cost is not None), Decimal(0))
 
 
 @pytest.fixture
-async def recorded(upstream: FakeUpstream, db_url: str, tmp_path: Path) -> Recorded:
+async def recorded(upstream: FakeUpstream, db_url: str, tmp_path: Path, sdk: Sdk) -> Recorded:
     await upgrade(db_url)
     path = write_config(tmp_path / "flightrec.toml", db_url)
     config = config_mod.load(path, env={}, overrides={"upstream": upstream.url})
@@ -212,7 +210,7 @@ async def recorded(upstream: FakeUpstream, db_url: str, tmp_path: Path) -> Recor
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        ids, chunks = await run_workload(f"http://127.0.0.1:{port}/v1")
+        ids, chunks = await run_workload(f"http://127.0.0.1:{port}/v1", sdk)
     finally:
         await runner.cleanup()  # as on SIGTERM: the recorder writes out everything
     assert len(ids) == len(EXPECTED)

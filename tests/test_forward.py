@@ -10,7 +10,7 @@ import aiohttp
 import openai
 import pytest
 
-from .conftest import FakeUpstream, RunningProxy, completion
+from .conftest import FakeUpstream, RunningProxy, Sdk, completion
 
 KEY = "sk-test-0123456789abcdefWXYZ"
 MESSAGES = [{"role": "user", "content": "Say hello"}]
@@ -89,18 +89,18 @@ async def _sdk_results(
     if sync:
 
         def call() -> list[dict[str, Any]]:
-            client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-            result = client.chat.completions.create(**kwargs)
-            if stream:
-                return [chunk.model_dump() for chunk in result]
-            return [result.model_dump()]
+            with openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0) as client:
+                result = client.chat.completions.create(**kwargs)
+                if stream:
+                    return [chunk.model_dump() for chunk in result]
+                return [result.model_dump()]
 
         return await asyncio.to_thread(call)
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-    result = await client.chat.completions.create(**kwargs)
-    if stream:
-        return [chunk.model_dump() async for chunk in result]
-    return [result.model_dump()]
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0) as client:
+        result = await client.chat.completions.create(**kwargs)
+        if stream:
+            return [chunk.model_dump() async for chunk in result]
+        return [result.model_dump()]
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -149,11 +149,11 @@ async def test_sdk_sees_what_it_sees_direct(
 
 
 async def test_raw_stream_is_kept_only_when_configured(
-    upstream: FakeUpstream, make_proxy: Any
+    upstream: FakeUpstream, make_proxy: Any, sdk: Sdk
 ) -> None:
     for keep in (True, False):
         proxy = await make_proxy(store_raw_stream=keep)
-        client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+        client = sdk(proxy.base_url, KEY)
         async for _ in await client.chat.completions.create(
             model="m", messages=MESSAGES, stream=True
         ):
@@ -165,10 +165,10 @@ async def test_raw_stream_is_kept_only_when_configured(
 
 
 async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
-    upstream: FakeUpstream, make_proxy: Any
+    upstream: FakeUpstream, make_proxy: Any, sdk: Sdk
 ) -> None:
     proxy = await make_proxy()
-    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY)
+    client = sdk(proxy.base_url, KEY)
     async for _ in await client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
         pass
     assert b'"stream_options":{"include_usage":true}' in upstream.seen[-1].body
@@ -196,7 +196,7 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
             assert upstream.seen[-1].body == expected
 
     passthrough = await make_proxy(stream_usage="passthrough")
-    client = openai.AsyncOpenAI(base_url=passthrough.base_url, api_key=KEY)
+    client = sdk(passthrough.base_url, KEY)
     chunks = [
         c
         async for c in await client.chat.completions.create(

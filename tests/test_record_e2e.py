@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import sqlalchemy as sa
 from aiohttp import web
@@ -20,7 +19,7 @@ from proxy.store import create_engine, upgrade
 from proxy.store.read import get_exchange, list_exchanges, reading
 
 from . import dbs
-from .conftest import FakeUpstream, completion, free_port
+from .conftest import FakeUpstream, Sdk, completion, free_port
 
 db_url = dbs.db_url  # fixture
 
@@ -114,10 +113,10 @@ def as_json(value: Any) -> Any:
 
 
 async def test_chat_completions_are_recorded_whole(
-    upstream: FakeUpstream, recording: Recording
+    upstream: FakeUpstream, recording: Recording, sdk: Sdk
 ) -> None:
     upstream.completion = ANSWER
-    client = openai.AsyncOpenAI(base_url=recording.base_url, api_key=KEY, max_retries=0)
+    client = sdk(recording.base_url, KEY, max_retries=0)
     base = {"model": "gpt-4o-mini", "messages": MESSAGES, "logprobs": True, "top_logprobs": 2}
     requests: list[dict[str, Any]] = [
         base,
@@ -180,10 +179,10 @@ async def test_chat_completions_are_recorded_whole(
 
 
 async def test_omit_header_keeps_bodies_out_but_usage_in(
-    upstream: FakeUpstream, recording: Recording
+    upstream: FakeUpstream, recording: Recording, sdk: Sdk
 ) -> None:
     upstream.completion = ANSWER
-    client = openai.AsyncOpenAI(base_url=recording.base_url, api_key=KEY, max_retries=0)
+    client = sdk(recording.base_url, KEY, max_retries=0)
     stream = await client.chat.completions.create(
         model="gpt-4o-mini",
         messages=MESSAGES,
