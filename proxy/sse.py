@@ -125,7 +125,16 @@ class SSEParser:
         if b"\r" not in buf:
             nl = buf.find(b"\n")
             while nl >= 0:
-                self._line(buf[pos:nl], base + pos, base + nl + 1, events)
+                if buf.startswith(b"data: ", pos):
+                    # Nearly every line of a token stream: its value is sliced out of the
+                    # buffer once, not the line and then the value (`_line` does the rest).
+                    if self._start is None:
+                        self._start = base + pos
+                    self._data.append(buf[pos + 6 : nl])
+                elif nl == pos and self._data:
+                    self._dispatch(base + nl + 1, events)
+                else:
+                    self._line(buf[pos:nl], base + pos, base + nl + 1, events)
                 pos = nl + 1
                 nl = buf.find(b"\n", pos)
         else:
@@ -152,12 +161,10 @@ class SSEParser:
             return
         if not line:
             if self._data:
-                data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
-                assert self._start is not None
-                events.append(Event(data, self._event, self._id, self._start, end))
-            self._start = None
-            self._data = []
-            self._event = None
+                self._dispatch(end, events)
+            else:
+                self._start = None
+                self._event = None
             return
         if line[0] == 0x3A:  # ":" starts a comment, e.g. a keep-alive
             return
@@ -172,3 +179,12 @@ class SSEParser:
             self._event = value.decode("utf-8", "replace")
         elif name == b"id" and b"\0" not in value:
             self._id = value.decode("utf-8", "replace")
+
+    def _dispatch(self, end: int, events: list[Event]) -> None:
+        """The blank line ending at `end` completes the event with the data lines gathered."""
+        data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+        assert self._start is not None
+        events.append(Event(data, self._event, self._id, self._start, end))
+        self._start = None
+        self._data = []
+        self._event = None
