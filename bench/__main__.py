@@ -10,8 +10,11 @@ Targets, all in front of the same mock upstream (`bench/upstream.py`): `direct` 
 recording-cost baseline), `flightrec-sqlite` and `flightrec-postgres` (`python -m proxy serve`),
 `nginx` and `litellm` (`bench/peers.py`; skipped with the reason when they cannot be installed).
 
-Measures run in rounds; within each round every target takes its turn (the starting target
-rotates), so machine noise hits all of them alike, and figures are medians across rounds.
+Measures run in rounds and figures are medians across rounds. At concurrency 1 (latency,
+first byte) the targets' requests alternate within a round, in random order, so a slow spell
+of the machine falls on all of them alike and each "added" figure is taken against the direct
+figure of the same run; at concurrency 8 (CPU) every target has the machine in turn (the
+starting target rotates), since CPU per request is read from each target's own process.
 Every figure is also given as a ratio to the relay's in the same run. Writes `bench/results.md`
 (the table) and `bench/results.json` (everything, per round).
 """
@@ -58,6 +61,10 @@ class Plan:
     """Longest a closed-loop measure runs for one target in one round."""
     requests: int = 50_000
     """Most requests a closed-loop measure sends (the time limit usually comes first)."""
+    c1: str = "paired"
+    """How the c=1 measures run: "paired" (the targets' requests alternate) or "solo" (each
+    target in turn, requests back to back, so a recorder's background writes fall between
+    its own requests rather than in the time another target is served)."""
     ttfb_chunks: int = 8
     ttfb_interval_ms: float = 1.0
     """TTFB streams are paced, as tokens are: the first event arrives alone."""
@@ -252,10 +259,52 @@ def alive(target: Target) -> bool:
     return False
 
 
+SLOW = frozenset({"litellm"})
+"""Targets paired with `direct` alone at c=1: at ~20 ms a request, one would take most of
+every cycle it shared with the others."""
+REFERENCE_KEYS = ("latency_p50_ms", "latency_p99_ms", "ttfb_p50_ms", "ttfb_p99_ms")
+
+
+def paired_groups(targets: list[Target]) -> list[list[Target]]:
+    """The c=1 groups: every target but the slow ones together, each slow one with `direct`."""
+    direct = [t for t in targets if t.name == "direct"]
+    fast = [t for t in targets if t.name not in SLOW]
+    slow = [[*direct, t] for t in targets if t.name in SLOW]
+    return [group for group in (fast, *slow) if group and group != direct]
+
+
+def paired_round(
+    worker: LoadWorker, group: list[Target], plan: Plan, shape: dict[str, Any], turn: int
+) -> dict[str, dict[str, Any]]:
+    """One c=1 round of `group`, requests alternated between its targets (load.py `paired`):
+    each target's row, with `direct`'s figures from the same run as its `ref`."""
+    result = worker.run(
+        op="paired",
+        ports=[t.port for t in group],
+        path=CHAT,
+        requests=plan.requests,
+        seconds=plan.seconds * len(group),  # as long as one round of each target alone
+        seed=turn,
+        **shape,
+    )
+    if "failed" in result:
+        return {t.name: {**result, "round": turn} for t in group}
+    rows = {t.name: {**r, "round": turn} for t, r in zip(group, result["results"], strict=True)}
+    reference = rows.get("direct")
+    if reference is not None:
+        ref = {k: reference[k] for k in REFERENCE_KEYS if k in reference}
+        for name, row in rows.items():
+            if name != "direct":
+                row["ref"] = ref
+    return rows
+
+
 def closed_measures(
     worker: LoadWorker, targets: list[Target], plan: Plan, measures: list[str], upstream: int
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """latency (c=1), ttfb (c=1, streams) and cpu (c=8), in interleaved rounds."""
+    """latency (c=1), ttfb (c=1, streams) and cpu (c=8), in interleaved rounds. At c=1 the
+    targets' requests alternate (`paired_round`); at c=8 each target has the machine in turn,
+    since CPU per request is read from the target's own process."""
     shapes = {
         "latency": {"concurrency": 1, "stream": False, "warmup": 100},
         "ttfb": {"concurrency": 1, "stream": True, "warmup": 50},
@@ -266,6 +315,16 @@ def closed_measures(
         for measure in raw:
             if measure == "ttfb":
                 set_stream_shape(upstream, plan.ttfb_chunks, plan.ttfb_interval_ms)
+            if measure != "cpu" and plan.c1 == "paired":
+                shape = {k: v for k, v in shapes[measure].items() if k != "concurrency"}
+                running = [t for t in targets if alive(t)]
+                for index, group in enumerate(paired_groups(running)):
+                    for name, row in paired_round(worker, group, plan, shape, turn).items():
+                        if name == "direct" and index > 0:
+                            continue  # only a reference for the slow target beside it
+                        raw[measure].setdefault(name, []).append(row)
+                        note(f"round {turn + 1}/{plan.rounds} {measure:8} {name:19}", row)
+                continue
             for target in rotated(targets, turn):
                 result = worker.run(
                     op="closed",
@@ -409,6 +468,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="rounds of the closed-loop measures")
     parser.add_argument("--seconds", type=float, help="seconds per closed-loop measure")
     parser.add_argument("--streams", type=int, help="concurrent streams (default 1000)")
+    parser.add_argument(
+        "--c1",
+        choices=("paired", "solo"),
+        default="paired",
+        help="c=1 measures: targets' requests alternated (default) or each target in turn",
+    )
     parser.add_argument("--pg", default="127.0.0.1:5432", help="PostgreSQL host:port ('' off)")
     parser.add_argument("--no-install", action="store_true", help="do not install peers")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.md/json go")
@@ -427,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK if args.quick else Plan()
     overrides = {"rounds": args.rounds, "seconds": args.seconds, "streams": args.streams}
+    overrides["c1"] = args.c1
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     names = choose(args.targets, TARGETS, "targets")
     measures = choose(args.measures, MEASURES, "measures")

@@ -7,6 +7,11 @@ Commands (`op`):
 - `closed`: `concurrency` connections each send requests back to back, `warmup` requests
   first (not measured), then `requests` of them or until `seconds` pass. Latency per request
   with perf_counter_ns; for streams also the time to the first body byte (TTFB).
+- `paired`: one connection to each of several `ports`; each cycle sends one request to each,
+  in a fresh random order, `warmup` cycles first, then `requests` cycles or until `seconds`
+  pass. One result per port, in the order given. Every target is measured at the same moments,
+  so a slow spell of a noisy machine falls on all of them alike (rounds of one target after
+  another moved a target's c=1 figures by 0.1 ms from one round to the next).
 - `rate`: open loop at a fixed `rate` for `seconds`; latency counts from when the request was
   due, not when it was sent, so a stalled target cannot hide its queue (coordinated omission).
 - `streams`: `count` streams at once (opened over `ramp` seconds), each read to its end,
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import sys
 import time
 from collections import Counter
@@ -191,6 +197,24 @@ async def settled_cpu(pids: list[int], quiet: float = 0.2, limit: float = 5.0) -
     return last
 
 
+async def _one(
+    conns: list[Connection], index: int, port: int, raw: bytes, stream: bool, tally: Tally | None
+) -> None:
+    """One request on `conns[index]` (opened again if the last one closed it), tallied."""
+    conn = conns[index]
+    try:
+        if not conn.usable:
+            conn = conns[index] = await Connection.open(port)
+        reply = await conn.send(raw, time.perf_counter_ns(), stream)
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        conn.close()
+        if tally is not None:
+            tally.error(exc)
+        return
+    if tally is not None:
+        tally.add(reply, stream)
+
+
 async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     port, stream, pids = cmd["port"], bool(cmd.get("stream")), cmd.get("pids", [])
     raw = request_bytes(port, cmd["path"], stream)
@@ -205,18 +229,7 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
             nonlocal remaining
             while remaining > 0 and time.perf_counter() < deadline:
                 remaining -= 1
-                conn = conns[index]
-                try:
-                    if not conn.usable:
-                        conn = conns[index] = await Connection.open(port)
-                    reply = await conn.send(raw, time.perf_counter_ns(), stream)
-                except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                    conn.close()
-                    if tally is not None:
-                        tally.error(exc)
-                    continue
-                if tally is not None:
-                    tally.add(reply, stream)
+                await _one(conns, index, port, raw, stream, tally)
 
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
 
@@ -237,6 +250,42 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     if pids:
         out.update(cpu_s=cpu, rss_kib=rss_kib(pids))
     return out
+
+
+async def paired_loop(cmd: dict[str, Any]) -> dict[str, Any]:
+    ports = [int(port) for port in cmd["ports"]]
+    stream = bool(cmd.get("stream"))
+    raws = [request_bytes(port, cmd["path"], stream) for port in ports]
+    rng = random.Random(cmd.get("seed", 0))
+    conns: list[Connection] = []
+
+    async def cycles(total: int, seconds: float, tallies: list[Tally] | None) -> None:
+        deadline = time.perf_counter() + seconds
+        order = list(range(len(ports)))
+        for _ in range(total):
+            if time.perf_counter() >= deadline:
+                break
+            rng.shuffle(order)
+            for i in order:
+                tally = None if tallies is None else tallies[i]
+                await _one(conns, i, ports[i], raws[i], stream, tally)
+
+    try:
+        conns.extend([await Connection.open(port) for port in ports])
+        await cycles(int(cmd.get("warmup", 0)), float(cmd["seconds"]), None)
+        tallies = [Tally() for _ in ports]
+        started = time.perf_counter()
+        await cycles(int(cmd["requests"]), float(cmd["seconds"]), tallies)
+        elapsed = time.perf_counter() - started
+    finally:
+        for conn in conns:
+            conn.close()
+    results = []
+    for tally in tallies:
+        out = tally.summary()
+        out.update(elapsed_s=elapsed, rps=out["ok"] / elapsed if elapsed else 0.0)
+        results.append(out)
+    return {"results": results}
 
 
 class Pool:
@@ -382,6 +431,7 @@ async def many_streams(cmd: dict[str, Any]) -> dict[str, Any]:
 
 OPS: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
     "closed": closed_loop,
+    "paired": paired_loop,
     "rate": open_loop,
     "streams": many_streams,
 }

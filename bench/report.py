@@ -28,6 +28,12 @@ RECORDING = ("flightrec-sqlite", "flightrec-postgres")
 LITELLM_VENV = Path(__file__).resolve().parent / ".litellm-venv"
 
 
+C1_WORDS = {
+    "paired": "the targets' requests alternated",
+    "solo": "each target in turn, requests back to back",
+}
+
+
 def _median(values: Iterable[float | None]) -> float | None:
     kept = [v for v in values if v is not None]
     return statistics.median(kept) if kept else None
@@ -38,10 +44,15 @@ def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _added(raw: dict[str, list[dict[str, Any]]], name: str, key: str) -> float | None:
-    """Median over rounds of (target - direct) for `key`, each round against its own direct."""
+    """Median over rounds of (target - direct) for `key`, each round against the direct figure
+    measured beside it (`ref`, from the same paired run), else against that round's direct."""
     direct = {r["round"]: r[key] for r in _ok(raw.get("direct", [])) if key in r}
-    rows = _ok(raw.get(name, []))
-    return _median(r[key] - direct[r["round"]] for r in rows if r["round"] in direct and key in r)
+    added = []
+    for row in _ok(raw.get(name, [])):
+        reference = row.get("ref", {}).get(key, direct.get(row["round"]))
+        if key in row and reference is not None:
+            added.append(row[key] - reference)
+    return _median(added)
 
 
 def summarize(raw: dict[str, Any], names: list[str]) -> Summary:
@@ -196,7 +207,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"LiteLLM {machine['litellm']}.",
         "",
         f"Run: {'`--quick`' if results.get('quick') else 'full'}, {plan['rounds']} round(s) of "
-        f"the closed-loop measures ({plan['seconds']:g} s each), {plan['maxrate_rounds']} of "
+        f"the closed-loop measures ({plan['seconds']:g} s each; at c=1 "
+        f"{C1_WORDS.get(plan.get('c1', 'solo'), plan.get('c1'))}), {plan['maxrate_rounds']} of "
         f"the rate search, {plan['streams_rounds']} of {plan['streams']} streams x "
         f"{plan['stream_chunks']} chunks every {plan['stream_interval_ms']:g} ms; "
         f"{results.get('wall_seconds', 0):.0f} s in all. Medians across rounds; "

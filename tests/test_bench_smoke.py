@@ -7,10 +7,13 @@ from __future__ import annotations
 import math
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from bench import procs, report
-from bench.__main__ import RESTARTS, Plan, alive, run
+from bench.__main__ import RESTARTS, Plan, alive, paired_groups, run
 
 TINY = Plan(
     rounds=1,
@@ -25,10 +28,11 @@ TINY = Plan(
 )
 
 
-def test_harness_runs_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("c1", ["paired", "solo"])
+def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
     names = ["direct", "relay", "flightrec-memory"]
     measures = ["latency", "ttfb", "cpu", "streams"]
-    results = run(TINY, names, measures, tmp_path, pg="", install=False)
+    results = run(replace(TINY, c1=c1), names, measures, tmp_path, pg="", install=False)
 
     raw = results["raw"]
     for measure in ("latency", "ttfb", "cpu"):
@@ -36,6 +40,15 @@ def test_harness_runs_end_to_end(tmp_path: Path) -> None:
             (result,) = raw[measure][name]
             assert result["errors"] == 0, (measure, name, result)
             assert result["ok"] == TINY.requests, (measure, name, result)
+    # Paired, the targets' requests alternated: each row carries direct's figures of that run.
+    for measure, key in (("latency", "latency_p50_ms"), ("ttfb", "ttfb_p50_ms")):
+        (direct,) = raw[measure]["direct"]
+        for name in names[1:]:
+            ref = raw[measure][name][0].get("ref")
+            if c1 == "paired":
+                assert ref is not None and ref[key] == direct[key]
+            else:
+                assert ref is None
     for name in names:
         (streams,) = raw["streams"][name]
         assert streams["ok"] == TINY.streams and streams["errors"] == 0, streams
@@ -76,3 +89,10 @@ def test_a_target_that_dies_is_started_again(tmp_path: Path) -> None:
         assert target.skipped and "exited during the bench" in target.skipped
     finally:
         procs.stop(target)
+
+
+def test_slow_targets_are_paired_with_direct_alone() -> None:
+    named = [procs.Target(n, n, [], 0) for n in ("direct", "relay", "litellm", "nginx")]
+    groups = [[t.name for t in group] for group in paired_groups(named)]
+    assert groups == [["direct", "relay", "nginx"], ["direct", "litellm"]]
+    assert paired_groups(named[:1]) == []  # direct alone is compared with nothing
