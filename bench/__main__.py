@@ -285,6 +285,7 @@ def paired_round(
         requests=plan.requests,
         seconds=plan.seconds * len(group),  # as long as one round of each target alone
         seed=turn,
+        pids=[pid for target in group for pid in target.pids],
         **shape,
     )
     if "failed" in result:

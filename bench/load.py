@@ -9,7 +9,8 @@ Commands (`op`):
   with perf_counter_ns; for streams also the time to the first body byte (TTFB).
 - `paired`: one connection to each of several `ports`; each cycle sends one request to each,
   in a fresh random order, `warmup` cycles first, then `requests` cycles or until `seconds`
-  pass. One result per port, in the order given. Every target is measured at the same moments,
+  pass. One result per port, in the order given. With `pids`, the measured cycles start once
+  those processes are quiet after the warm-up. Every target is measured at the same moments,
   so a slow spell of a noisy machine falls on all of them alike (rounds of one target after
   another moved a target's c=1 figures by 0.1 ms from one round to the next).
 - `rate`: open loop at a fixed `rate` for `seconds`; latency counts from when the request was
@@ -198,16 +199,24 @@ async def settled_cpu(pids: list[int], quiet: float = 0.2, limit: float = 5.0) -
 
 
 async def _one(
-    conns: list[Connection], index: int, port: int, raw: bytes, stream: bool, tally: Tally | None
+    conns: list[Connection | None],
+    index: int,
+    port: int,
+    raw: bytes,
+    stream: bool,
+    tally: Tally | None,
 ) -> None:
-    """One request on `conns[index]` (opened again if the last one closed it), tallied."""
+    """One request on `conns[index]` (opened first if there is none or the last one closed
+    it), tallied; a refused connection is an error of this target alone."""
     conn = conns[index]
     try:
-        if not conn.usable:
+        if conn is None or not conn.usable:
+            conn = None
             conn = conns[index] = await Connection.open(port)
         reply = await conn.send(raw, time.perf_counter_ns(), stream)
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        conn.close()
+        if conn is not None:
+            conn.close()
         if tally is not None:
             tally.error(exc)
         return
@@ -219,7 +228,7 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     port, stream, pids = cmd["port"], bool(cmd.get("stream")), cmd.get("pids", [])
     raw = request_bytes(port, cmd["path"], stream)
     concurrency = int(cmd["concurrency"])
-    conns: list[Connection] = []
+    conns: list[Connection | None] = []
 
     async def phase(total: int, seconds: float, tally: Tally | None) -> None:
         remaining = total
@@ -244,7 +253,8 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
         cpu = await settled_cpu(pids) - cpu_before
     finally:
         for conn in conns:
-            conn.close()
+            if conn is not None:
+                conn.close()
     out = tally.summary()
     out.update(elapsed_s=elapsed, rps=out["ok"] / elapsed if elapsed else 0.0)
     if pids:
@@ -257,7 +267,7 @@ async def paired_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     stream = bool(cmd.get("stream"))
     raws = [request_bytes(port, cmd["path"], stream) for port in ports]
     rng = random.Random(cmd.get("seed", 0))
-    conns: list[Connection] = []
+    conns: list[Connection | None] = [None] * len(ports)  # opened by the first request
 
     async def cycles(total: int, seconds: float, tallies: list[Tally] | None) -> None:
         deadline = time.perf_counter() + seconds
@@ -271,15 +281,16 @@ async def paired_loop(cmd: dict[str, Any]) -> dict[str, Any]:
                 await _one(conns, i, ports[i], raws[i], stream, tally)
 
     try:
-        conns.extend([await Connection.open(port) for port in ports])
         await cycles(int(cmd.get("warmup", 0)), float(cmd["seconds"]), None)
+        await settled_cpu(cmd.get("pids", []))  # the warm-up's background work done
         tallies = [Tally() for _ in ports]
         started = time.perf_counter()
         await cycles(int(cmd["requests"]), float(cmd["seconds"]), tallies)
         elapsed = time.perf_counter() - started
     finally:
         for conn in conns:
-            conn.close()
+            if conn is not None:
+                conn.close()
     results = []
     for tally in tallies:
         out = tally.summary()

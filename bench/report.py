@@ -45,11 +45,13 @@ def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _added(raw: dict[str, list[dict[str, Any]]], name: str, key: str) -> float | None:
     """Median over rounds of (target - direct) for `key`, each round against the direct figure
-    measured beside it (`ref`, from the same paired run), else against that round's direct."""
+    measured beside it (`ref`, from the same paired run), else against that round's direct. A
+    paired row whose direct figure is missing is left out, never set against another run."""
     direct = {r["round"]: r[key] for r in _ok(raw.get("direct", [])) if key in r}
     added = []
     for row in _ok(raw.get(name, [])):
-        reference = row.get("ref", {}).get(key, direct.get(row["round"]))
+        ref = row.get("ref")
+        reference = direct.get(row["round"]) if ref is None else ref.get(key)
         if key in row and reference is not None:
             added.append(row[key] - reference)
     return _median(added)

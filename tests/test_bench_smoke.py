@@ -4,6 +4,7 @@ the parts work together and the figures come out sane, never how fast anything i
 
 from __future__ import annotations
 
+import asyncio
 import math
 import signal
 import sys
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import procs, report
+from bench import load, procs, report
 from bench.__main__ import RESTARTS, Plan, alive, paired_groups, run
+from bench.upstream import MockProtocol
 
 TINY = Plan(
     rounds=1,
@@ -40,6 +42,10 @@ def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
             (result,) = raw[measure][name]
             assert result["errors"] == 0, (measure, name, result)
             assert result["ok"] == TINY.requests, (measure, name, result)
+    # The mock alone answers sooner than through a relay: rows belong to the right targets.
+    for measure in ("latency", "ttfb"):
+        p50 = {name: raw[measure][name][0]["latency_p50_ms"] for name in names}
+        assert p50["direct"] < p50["relay"], (measure, p50)
     # Paired, the targets' requests alternated: each row carries direct's figures of that run.
     for measure, key in (("latency", "latency_p50_ms"), ("ttfb", "ttfb_p50_ms")):
         (direct,) = raw[measure]["direct"]
@@ -96,3 +102,31 @@ def test_slow_targets_are_paired_with_direct_alone() -> None:
     groups = [[t.name for t in group] for group in paired_groups(named)]
     assert groups == [["direct", "relay", "nginx"], ["direct", "litellm"]]
     assert paired_groups(named[:1]) == []  # direct alone is compared with nothing
+
+
+def test_added_figures_are_taken_against_the_direct_run_beside_them() -> None:
+    key = "latency_p50_ms"
+    raw = {
+        "direct": [{"round": 0, "ok": 1, key: 0.2}],
+        "relay": [{"round": 0, "ok": 1, key: 1.0, "ref": {key: 0.3}}],
+        "litellm": [{"round": 0, "ok": 1, key: 20.0, "ref": {}}],  # its direct answered nothing
+        "nginx": [{"round": 0, "ok": 1, key: 0.5}],  # solo: against the round's direct
+    }
+    assert report._added(raw, "relay", key) == 1.0 - 0.3
+    assert report._added(raw, "litellm", key) is None
+    assert report._added(raw, "nginx", key) == 0.5 - 0.2
+
+
+async def test_a_target_that_refuses_costs_only_its_own_requests() -> None:
+    server = await asyncio.get_running_loop().create_server(MockProtocol, "127.0.0.1", 0)
+    live = server.sockets[0].getsockname()[1]
+    dead = procs.free_port()  # nothing listens there
+    try:
+        cmd = {"ports": [live, dead], "path": "/v1/chat/completions", "requests": 20}
+        result = await load.paired_loop({**cmd, "seconds": 10.0, "warmup": 2})
+    finally:
+        server.close()
+    answered, refused = result["results"]
+    assert (answered["ok"], answered["errors"]) == (20, 0)
+    assert (refused["ok"], refused["errors"]) == (0, 20)
+    assert refused["error_kinds"] == {"ConnectionRefusedError": 20}
