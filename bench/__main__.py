@@ -492,8 +492,12 @@ def choose(value: str, known: tuple[str, ...], what: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK if args.quick else Plan()
-    overrides = {"rounds": args.rounds, "seconds": args.seconds, "streams": args.streams}
-    overrides["c1"] = args.c1
+    overrides = {
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        "streams": args.streams,
+        "c1": args.c1,
+    }
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
     names = choose(args.targets, TARGETS, "targets")
     measures = choose(args.measures, MEASURES, "measures")

@@ -211,7 +211,6 @@ async def _one(
     conn = conns[index]
     try:
         if conn is None or not conn.usable:
-            conn = None
             conn = conns[index] = await Connection.open(port)
         reply = await conn.send(raw, time.perf_counter_ns(), stream)
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
