@@ -244,6 +244,7 @@ async def _relay(
             max_record_bytes=config.max_record_bytes,
             started=started,
             keep_raw=config.store_raw_stream,
+            later=request.app[APP_LATER],
         )
         tees.append(tee)  # finished by `_conclude`, off the way of the next request
         try:
@@ -274,33 +275,33 @@ async def _pump(
     tee: StreamTee,
     cancel_on_disconnect: bool,
 ) -> None:
-    """Copy the upstream body to the client as it arrives; the tee looks at each piece after
-    it was written, except when it must cut out the usage event the proxy asked for and the
-    piece may hold it."""
+    """Copy the upstream body to the client as it arrives; the tee looks at each piece a
+    moment after it was written, except when it must cut out the usage event the proxy asked
+    for and the piece may hold it."""
     exchange = tee.exchange
     client_here = True
 
-    async def send(data: bytes) -> None:
+    async def send(data: bytes) -> bool:
+        """Write to the client; False once it has gone."""
         nonlocal client_here
         try:
             await response.write(data)
-            if data:
-                tee.delivered(data)
+            return True
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             client_here = False
             exchange.outcome = "client_disconnected"
             exchange.error = "client disconnected"
+            return False
 
     try:
         async for piece in upstream_response.content.iter_any():
             if tee.withhold and not tee.passes(piece):
                 out = tee.feed(piece)
-                if client_here:
-                    await send(out)  # even b"": headers held for a first piece go out now
+                # Even b"": headers held for a first piece go out now.
+                if client_here and await send(out):
+                    tee.delivered(out)
             else:
-                if client_here:
-                    await send(piece)
-                tee.feed(piece)
+                tee.feed_later(piece, delivered=client_here and await send(piece))
             if not client_here and cancel_on_disconnect:
                 exchange.error = "client disconnected; upstream request cancelled"
                 upstream_response.close()
@@ -316,8 +317,8 @@ async def _pump(
         exchange.error = f"upstream connection lost: {exc}"
     finally:
         rest = tee.end()
-    if rest and client_here:
-        await send(rest)
+    if rest and client_here and await send(rest):
+        tee.delivered(rest)
 
 
 def _describe_request(exchange: Exchange, headers: Any) -> None:

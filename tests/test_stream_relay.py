@@ -13,7 +13,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.assemble import ChatAssembler
 from proxy.exchange import Exchange
+from proxy.later import Later
 from proxy.tee import StreamTee
 
 from .conftest import CAPTURES, FakeUpstream, RunningProxy
@@ -320,6 +322,21 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
     assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")
 
 
+def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
+    return StreamTee(
+        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
+        path="/chat/completions",
+        encoding="",
+        sse=True,
+        injected=withhold,
+        withhold=withhold,
+        max_record_bytes=1 << 20,
+        started=time.perf_counter(),
+        keep_raw=True,
+        later=later,
+    )
+
+
 @pytest.mark.parametrize(
     ("piece", "passes"),
     [
@@ -332,16 +349,82 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
     ],
 )
 def test_what_may_go_out_before_it_is_parsed(piece: bytes, passes: bool) -> None:
-    tee = StreamTee(
-        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
-        path="/chat/completions",
-        encoding="",
-        sse=True,
-        injected=True,
-        withhold=True,
-        max_record_bytes=1 << 20,
-        started=time.perf_counter(),
-    )
+    tee = _chat_tee(None, withhold=True)
     assert tee.passes(piece) is passes
     tee.feed(b'data: {"choices":[{"index":0,"delta":{"content":"a')  # an event half received
     assert not tee.passes(piece)  # nothing goes ahead of the bytes held back
+
+
+def _chunk(content: str | None, **choice: Any) -> dict[str, Any]:
+    delta = {"content": content} if content is not None else {}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None, **choice}],
+    }
+
+
+async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> None:
+    """Work done right after a write delays the client reading it: the tee reads such pieces
+    when `Later` runs, in order, and times them by when they came."""
+    later = Later(delay=0.05)
+    tee = _chat_tee(later, withhold=False)
+    pieces = [
+        chunks_to_sse([_chunk("Hel")], done=False),
+        chunks_to_sse([_chunk("lo")], done=False),
+        chunks_to_sse([_chunk(None, finish_reason="stop")]),
+    ]
+    tee.feed_later(pieces[0], delivered=True)
+    came = time.perf_counter()
+    tee.feed_later(pieces[1], delivered=False)  # the client had gone: not counted as received
+    exchange = tee.exchange
+    assert (exchange.chunks, exchange.response_bytes, exchange.ttft_ms) == (0, 0, None)
+    await asyncio.sleep(0.1)
+    assert exchange.chunks == 2 and exchange.response_bytes == len(pieces[0])
+    assert exchange.ttft_ms is not None and exchange.ttft_ms <= (came - tee._started) * 1000
+
+    tee.feed_later(pieces[2], delivered=True)
+    assert tee.end() == b""  # nothing was held back: the rest waits for `finish`
+    tee.finish()  # before `Later` ran: reads what waits first
+    assert exchange.chunks == 4  # the last chunk and [DONE]
+    assert exchange.response_json["choices"][0]["message"]["content"] == "Hello"
+    assert exchange.raw_stream == pieces[0] + pieces[2]
+    assert exchange.response_bytes == len(pieces[0]) + len(pieces[2])
+    assert (exchange.outcome, exchange.parse_errors) == ("ok", [])
+
+
+async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at() -> None:
+    tee = _chat_tee(Later(delay=60), withhold=True)
+    first = chunks_to_sse([_chunk("Hi")], done=False)
+    assert tee.passes(first)
+    tee.feed_later(first, delivered=True)
+    usage = chunks_to_sse([{**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}])
+    half = usage[:20]
+    assert tee.passes(first) and not tee.passes(usage)
+    assert tee.feed(half) == b""  # the usage event starts: held back
+    assert tee.exchange.chunks == 1  # the waiting piece was read first
+    assert not tee.passes(first)  # in the middle of an event now
+    # The body ends in the middle of the event: what was held goes out at once.
+    assert tee.end() == half
+    tee.finish()
+    assert tee.exchange.response_json["choices"][0]["message"]["content"] == "Hi"
+
+
+async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: object, chunk: object) -> bool:
+        raise RuntimeError("assembler bug")
+
+    monkeypatch.setattr(ChatAssembler, "add", broken)
+    later = Later(delay=0.01)
+    tee = _chat_tee(later, withhold=False)
+    tee.feed_later(chunks_to_sse([_chunk("Hi")]), delivered=True)
+    await asyncio.sleep(0.05)
+    tee.end()
+    tee.finish()
+    assert tee.exchange.outcome == "proxy_error"
+    assert tee.exchange.error == "reading the body failed: RuntimeError: assembler bug"
+    assert "reading the body failed" in caplog.text
