@@ -19,8 +19,8 @@ from aiohttp import web
 
 from .config import Config
 from .forward import forward
-from .keys import APP_CONFIG, APP_LATER, APP_RECORDER, APP_SESSION
-from .later import Later
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .later import READ_DELAY, Later
 from .recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ def build_app(config: Config, recorder: Recorder) -> web.Application:
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
     app[APP_LATER] = Later()
+    app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_recorder)
     app.router.add_get("/healthz", healthz)

@@ -24,7 +24,7 @@ from yarl import URL
 from .config import Config, Upstream
 from .exchange import Exchange
 from .headers import control_headers, response_headers, upstream_headers
-from .keys import APP_CONFIG, APP_LATER, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .recorder import Recorder
 from .tee import StreamTee
 
@@ -244,7 +244,7 @@ async def _relay(
             max_record_bytes=config.max_record_bytes,
             started=started,
             keep_raw=config.store_raw_stream,
-            later=request.app[APP_LATER],
+            later=request.app[APP_READ_LATER],
         )
         tees.append(tee)  # finished by `_conclude`, off the way of the next request
         try:

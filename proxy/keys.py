@@ -11,5 +11,7 @@ from .recorder import Recorder
 
 APP_CONFIG = web.AppKey("config", Config)
 APP_LATER = web.AppKey("later", Later)
+APP_READ_LATER = web.AppKey("read_later", Later)
+"""Where the tees read what the client has: sooner than `APP_LATER`."""
 APP_RECORDER = web.AppKey("recorder", Recorder)
 APP_SESSION = web.AppKey("session", aiohttp.ClientSession)

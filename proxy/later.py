@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 DELAY = 0.002
 """Seconds. Longer than a proxy takes to send a request on and relay the first byte of the
 answer (~0.5-1 ms on the bench's 2-core machine), far shorter than the recorder's batches."""
+READ_DELAY = 0.0005
+"""Seconds before the tee reads pieces the client has (`StreamTee.feed_later`): longer than a
+local client takes to wake and read them (~0.1 ms on the bench's machine), shorter than most
+gaps between two events of a stream, so that reading one seldom delays the next."""
 
 
 class Later:
