@@ -146,6 +146,7 @@ class StreamTee:
         client then."""
         self._end_waits = False
         """`end` was called and left the end of the body to `finish`."""
+        self._ended_at = 0.0
         # The bytes the client received and when: compact arrays, one entry per write.
         self._raw: bytearray | None = None
         self._keep_raw = keep_raw and sse
@@ -175,7 +176,7 @@ class StreamTee:
 
     def _between_events(self) -> bool:
         """Every byte so far belongs to a whole event (or a comment or a blank line)."""
-        if self._waiting:  # withholding, only pieces that `passes` wait, and they end so
+        if self._waiting:  # (asked only when withholding) waiting pieces all passed: they end so
             return True
         if not self._set_up:  # nothing parsed yet
             return self._is_sse
@@ -270,6 +271,7 @@ class StreamTee:
         """The body has ended (or broken); returns bytes still held back, which the client
         may have now. Bytes are held back only in the middle of an event: otherwise the rest
         of the body is read by `finish`, off the way of the body's end."""
+        self._ended_at = time.perf_counter()
         if not self.withhold or self._between_events():
             self._end_waits = True
             return b""
@@ -277,7 +279,8 @@ class StreamTee:
         return self._end_body()
 
     def _end_body(self) -> bytes:
-        """Parse what is left of the body; returns bytes still held."""
+        """Parse what is left of the body (events in it came when it ended); returns bytes
+        still held."""
         if not self._set_up:
             self._setup()
         rest = b""
@@ -290,9 +293,9 @@ class StreamTee:
             if self._sse is None:
                 self._capture(tail)
             elif tail:
-                self._on_events(self._sse.feed(tail), time.perf_counter())
+                self._on_events(self._sse.feed(tail), self._ended_at)
         if self._sse is not None and self._readable:
-            drops = self._on_events(self._sse.flush(), time.perf_counter())
+            drops = self._on_events(self._sse.flush(), self._ended_at)
             if self._withholder is not None:
                 rest = self._withholder.release(b"", drops, self._sse.offset)
         return rest

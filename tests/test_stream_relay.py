@@ -370,6 +370,7 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
     """Work done right after a write delays the client reading it: the tee reads such pieces
     when `Later` runs, in order, and times them by when they came."""
     later = Later(delay=0.05)
+    before = time.perf_counter()
     tee = _chat_tee(later, withhold=False)
     pieces = [
         chunks_to_sse([_chunk("Hel")], done=False),
@@ -383,7 +384,7 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
     assert (exchange.chunks, exchange.response_bytes, exchange.ttft_ms) == (0, 0, None)
     await asyncio.sleep(0.1)
     assert exchange.chunks == 2 and exchange.response_bytes == len(pieces[0])
-    assert exchange.ttft_ms is not None and exchange.ttft_ms <= (came - tee._started) * 1000
+    assert exchange.ttft_ms is not None and exchange.ttft_ms <= (came - before) * 1000
 
     tee.feed_later(pieces[2], delivered=True)
     assert tee.end() == b""  # nothing was held back: the rest waits for `finish`
@@ -428,3 +429,15 @@ async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
     assert tee.exchange.outcome == "proxy_error"
     assert tee.exchange.error == "reading the body failed: RuntimeError: assembler bug"
     assert "reading the body failed" in caplog.text
+
+
+async def test_an_event_the_end_of_the_body_completes_is_timed_when_the_body_ended() -> None:
+    before = time.perf_counter()
+    tee = _chat_tee(Later(delay=60), withhold=False)
+    tee.feed_later(chunks_to_sse([_chunk("Hi")], done=False).rstrip(b"\n") + b"\n", delivered=True)
+    assert tee.end() == b""
+    ended = time.perf_counter()
+    await asyncio.sleep(0.05)  # the record is completed a while after the body ended
+    tee.finish()
+    ttft = tee.exchange.ttft_ms
+    assert tee.exchange.chunks == 1 and ttft is not None and ttft <= (ended - before) * 1000
