@@ -115,11 +115,19 @@ class Exchange:
 
     @classmethod
     def start(
-        cls, method: str, path: str, query: str, upstream: str, *, replay_of: str | None = None
+        cls,
+        method: str,
+        path: str,
+        query: str,
+        upstream: str,
+        *,
+        replay_of: str | None = None,
+        started_at: float | None = None,
     ) -> Exchange:
+        """A new exchange; `started_at` (Unix time) defaults to now."""
         return cls(
             id=new_id(),
-            started_at=time.time(),
+            started_at=time.time() if started_at is None else started_at,
             method=method,
             path=path,
             query=query,

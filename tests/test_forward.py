@@ -3,12 +3,19 @@ and the recorder gets the complete exchange."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
+import termios
+import time
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
+
+from proxy.exchange import Exchange
 
 from .conftest import FakeUpstream, RunningProxy, Sdk, completion
 
@@ -208,3 +215,49 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
     [exchange] = await passthrough.recorder.wait_for(1)
     assert exchange.usage is None and exchange.usage_source == "missing"
     assert exchange.response_json["choices"] == upstream.completion["choices"]
+
+
+def _unread(sock: Any) -> int:
+    """Bytes that have reached `sock` and that its owner has not read yet."""
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    return count[0]
+
+
+async def test_the_record_is_made_once_the_request_is_on_its_way_upstream(
+    upstream: FakeUpstream, proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Minting the id and filling the exchange wait until the request has been written to the
+    upstream (they would delay it otherwise); the record still says when the request came."""
+    sockets: list[Any] = []  # the upstream's end of each request's connection
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        sockets.append(request.transport.get_extra_info("socket"))
+        return web.json_response(completion())
+
+    upstream.override = answer
+    unread_then: list[int] = []
+    made_at: list[float] = []
+    start = Exchange.start
+
+    def watched_start(*args: Any, **kwargs: Any) -> Exchange:
+        made_at.append(time.time())
+        unread_then.append(_unread(sockets[-1]) if sockets else -1)
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(Exchange, "start", watched_start)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):  # the first opens the connection the second is sent on
+            url = f"{proxy.base_url}/chat/completions"
+            async with session.post(url, data=b'{"model":"m","messages":[]}') as response:
+                assert response.status == 200
+                await response.read()
+    _, second = await proxy.recorder.wait_for(2)
+    assert sockets[0].getsockname() == sockets[1].getsockname()
+    assert sockets[0].getpeername() == sockets[1].getpeername()  # one pooled connection
+    # When the second record was made, the request was waiting in the upstream's socket.
+    assert unread_then[1] > 0
+    assert second.started_at < made_at[1]
+    assert second.request_body == b'{"model":"m","messages":[]}'
+    assert second.upstream_url == upstream.url + "/chat/completions"
