@@ -106,11 +106,12 @@ class Exchange:
     the client is never affected by them."""
     omit_request: bool = False
     omit_response: bool = False
-    raw_stream: bytes | None = None
-    """For streams: the exact bytes the client received, kept for byte-exact playback
-    (`store_raw_stream`); the store compresses them off the hot path."""
+    raw_stream_gz: bytes | None = None
+    """For streams: the exact bytes the client received, gzip-compressed (one member), kept
+    for byte-exact playback (`store_raw_stream`); compressed while the stream goes by, so a
+    long stream is not held in memory byte for byte (`rawcopy.py`)."""
     raw_pacing: list[tuple[int, float]] | None = None
-    """For streams: (offset in `raw_stream`, ms since the request arrived) after each write
+    """For streams: (offset in the raw stream, ms since the request arrived) after each write
     to the client, so playback can reproduce the recorded timing."""
 
     @classmethod

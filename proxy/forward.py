@@ -205,7 +205,7 @@ def _conclude(
         if exchange.omit_request:
             exchange.request_body = exchange.request_json = None
         if exchange.omit_response:
-            exchange.response_body = exchange.response_json = exchange.raw_stream = None
+            exchange.response_body = exchange.response_json = exchange.raw_stream_gz = None
         recorder.record(exchange)
 
 

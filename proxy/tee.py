@@ -18,7 +18,6 @@ import logging
 import re
 import time
 import zlib
-from array import array
 from typing import Any, Protocol
 
 import orjson
@@ -27,6 +26,7 @@ from .assemble import ChatAssembler
 from .assemble_other import CompletionAssembler, ResponsesAssembler
 from .exchange import Exchange
 from .later import Later
+from .rawcopy import RawCopy
 from .sse import Event, SSEParser
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,8 @@ class StreamTee:
         self._end_waits = False
         """`end` was called and left the end of the body to `finish`."""
         self._ended_at = 0.0
-        # The bytes the client received and when: compact arrays, one entry per write.
-        self._raw: bytearray | None = None
+        self._raw: RawCopy | None = None
+        """The bytes the client received and when (for playback)."""
         self._keep_raw = keep_raw and sse
         self._set_up = False
         """The parts below are made on first use: after the first piece went to the client."""
@@ -260,12 +260,8 @@ class StreamTee:
         self.exchange.response_bytes += len(data)
         if self._keep_raw:
             if self._raw is None:
-                self._raw = bytearray()
-                self._raw_ends = array("q")
-                self._raw_times = array("d")
-            self._raw += data
-            self._raw_ends.append(len(self._raw))
-            self._raw_times.append((when - self._started) * 1000)
+                self._raw = RawCopy()
+            self._raw.add(data, (when - self._started) * 1000)
 
     def end(self) -> bytes:
         """The body has ended (or broken); returns bytes still held back, which the client
@@ -385,8 +381,8 @@ class StreamTee:
                     self._problem("response body is not valid JSON")
         exchange.response_json = result
         if self._raw is not None:
-            exchange.raw_stream = bytes(self._raw)
-            exchange.raw_pacing = list(zip(self._raw_ends, self._raw_times, strict=True))
+            exchange.raw_stream_gz = self._raw.gzip()
+            exchange.raw_pacing = self._raw.pacing()
         if isinstance(result, dict):
             if self._sse is None and isinstance(result.get("usage"), dict):
                 self._usage = result["usage"]

@@ -167,8 +167,8 @@ async def test_raw_stream_is_kept_only_when_configured(
             pass
         await client.chat.completions.create(model="m", messages=MESSAGES)
         streamed, plain = await proxy.recorder.wait_for(2)
-        assert (streamed.raw_stream is not None) is keep
-        assert plain.raw_stream is None and plain.raw_pacing is None
+        assert (streamed.raw_stream_gz is not None) is keep
+        assert plain.raw_stream_gz is None and plain.raw_pacing is None
 
 
 async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import random
 import time
@@ -67,7 +68,7 @@ async def test_stream_bytes_are_the_upstreams(
     [exchange] = await proxy.recorder.wait_for(1)
     assert headers["X-Flightrec-Id"] == exchange.id
     assert exchange.response_bytes == len(received)
-    assert exchange.raw_stream == received  # kept for byte-exact playback
+    assert gzip.decompress(exchange.raw_stream_gz or b"") == received  # for byte-exact playback
     pacing = exchange.raw_pacing or []
     assert pacing[-1][0] == len(received)
     assert all(a[0] < b[0] and a[1] <= b[1] for a, b in itertools.pairwise(pacing))
@@ -391,7 +392,7 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
     tee.finish()  # before `Later` ran: reads what waits first
     assert exchange.chunks == 4  # the last chunk and [DONE]
     assert exchange.response_json["choices"][0]["message"]["content"] == "Hello"
-    assert exchange.raw_stream == pieces[0] + pieces[2]
+    assert gzip.decompress(exchange.raw_stream_gz or b"") == pieces[0] + pieces[2]
     assert exchange.response_bytes == len(pieces[0]) + len(pieces[2])
     assert (exchange.outcome, exchange.parse_errors) == ("ok", [])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import gzip
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ log = logging.getLogger("flightrec.spool")
 
 _VERSION = 1
 _FIELDS = tuple(f.name for f in fields(Exchange))
-_BYTES_FIELDS = ("request_body", "response_body", "raw_stream")
+_BYTES_FIELDS = ("request_body", "response_body", "raw_stream_gz")
 
 
 def encode(ex: Exchange) -> bytes:
@@ -63,6 +64,9 @@ def decode(line: bytes) -> Exchange:
     for name in _BYTES_FIELDS:
         if kwargs.get(name) is not None:
             kwargs[name] = base64.b64decode(kwargs[name], validate=True)
+    if record.get("raw_stream") is not None:  # a line spooled before streams were compressed
+        raw = base64.b64decode(record["raw_stream"], validate=True)
+        kwargs["raw_stream_gz"] = gzip.compress(raw, compresslevel=1, mtime=0)
     if isinstance(kwargs.get("raw_pacing"), list):
         kwargs["raw_pacing"] = [tuple(pair) for pair in kwargs["raw_pacing"]]
     try:
