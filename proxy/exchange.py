@@ -108,8 +108,8 @@ class Exchange:
     omit_response: bool = False
     raw_stream_gz: bytes | None = None
     """For streams: the exact bytes the client received, gzip-compressed (one member), kept
-    for byte-exact playback (`store_raw_stream`); compressed while the stream goes by, so a
-    long stream is not held in memory byte for byte (`rawcopy.py`)."""
+    for byte-exact playback (`store_raw_stream`); a long stream's are compressed as they come,
+    so it is not held in memory byte for byte (`rawcopy.py`)."""
     raw_pacing: list[tuple[int, float]] | None = None
     """For streams: (offset in the raw stream, ms since the request arrived) after each write
     to the client, so playback can reproduce the recorded timing."""
@@ -123,11 +123,13 @@ class Exchange:
         upstream: str,
         *,
         replay_of: str | None = None,
+        exchange_id: str | None = None,
         started_at: float | None = None,
     ) -> Exchange:
-        """A new exchange; `started_at` (Unix time) defaults to now."""
+        """A new exchange; `exchange_id` defaults to a new id, `started_at` (Unix time) to
+        now."""
         return cls(
-            id=new_id(),
+            id=new_id() if exchange_id is None else exchange_id,
             started_at=time.time() if started_at is None else started_at,
             method=method,
             path=path,

@@ -22,7 +22,7 @@ from aiohttp import web
 from yarl import URL
 
 from .config import Config, Upstream
-from .exchange import Exchange
+from .exchange import Exchange, new_id
 from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .recorder import Recorder
@@ -104,6 +104,7 @@ def _identify(key: str) -> tuple[str, str]:
 async def forward(request: web.Request) -> web.StreamResponse:
     began = time.time()
     started = time.perf_counter()
+    exchange_id = new_id()  # now: ids sort as the requests came
     config = request.app[APP_CONFIG]
     raw_path = request.raw_path
     route = match_upstream(config.upstreams, raw_path)
@@ -115,7 +116,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
             "unknown_url",
         )
     upstream, rest = route
-    record = _Record(request.method, upstream, rest, began)
+    record = _Record(exchange_id, request.method, upstream, rest, began)
     tees: list[StreamTee] = []
     try:
         return await _relay(request, config, upstream, rest, record, started, tees)
@@ -142,16 +143,20 @@ async def forward(request: web.Request) -> web.StreamResponse:
 class _Record:
     """Makes an exchange's record when no byte is waiting for it.
 
-    Minting the id and filling an `Exchange` cost a stream ~20 us of its first byte at c=1
+    Filling an `Exchange` (forty fields) cost a stream ~20 us of its first byte at c=1
     (bench/) when done before the request went upstream. `after_send` has it done while the
     upstream works instead; `exchange()` gives the record, making it first if that has not
-    happened yet (a request that fails before it goes upstream). The decoded path and the
-    query are filled in by `_conclude`: nothing before the first byte needs them.
+    happened yet (a request that fails before it goes upstream). The id is minted when the
+    request arrives, so ids still sort as requests came. The decoded path and the query are
+    filled in by `_conclude`: nothing before the first byte needs them.
     """
 
-    __slots__ = ("_began", "_exchange", "_method", "_rest", "_upstream", "body", "payload")
+    __slots__ = ("_began", "_exchange", "_id", "_method", "_rest", "_upstream", "body", "payload")
 
-    def __init__(self, method: str, upstream: Upstream, rest: str, began: float) -> None:
+    def __init__(
+        self, exchange_id: str, method: str, upstream: Upstream, rest: str, began: float
+    ) -> None:
+        self._id = exchange_id
         self._method = method
         self._upstream = upstream
         self._rest = rest
@@ -162,10 +167,12 @@ class _Record:
         """The request body parsed, when the proxy had to read it; else `_conclude` does."""
 
     def after_send(self) -> None:
-        """Make the record two turns of the event loop from now. aiohttp writes a request's
-        body from a task of its own (on Python 3.11), one turn after `session.request` is
-        called, and the record must not come before that write; the upstream's answer is read
-        in a later turn still, so the record is there before the relay needs it."""
+        """Make the record two turns of the event loop from now. On a pooled connection
+        aiohttp writes a request's body from a task of its own one turn after
+        `session.request` is called (Python 3.11; at once from 3.12), and the record should not
+        come before that write; the upstream's answer is read in a later turn still, so the
+        record is there before the relay needs it. (On a new connection it is made while the
+        connection is set up: no harm, the request waits for the connection anyway.)"""
         loop = asyncio.get_running_loop()
         loop.call_soon(loop.call_soon, self.exchange)
 
@@ -174,7 +181,7 @@ class _Record:
         if exchange is None:
             upstream = self._upstream
             exchange = self._exchange = Exchange.start(
-                self._method, "", "", upstream.name, started_at=self._began
+                self._method, "", "", upstream.name, exchange_id=self._id, started_at=self._began
             )
             exchange.request_body = self.body
             exchange.request_json = self.payload

@@ -3,9 +3,10 @@
 A stream's copy is held in memory until its record is written, so it must not cost a byte per
 byte. Past `PLAIN_LIMIT` bytes, `RawCopy` compresses what comes as it comes (gzip level 1, a
 1 KiB window, the smallest memory level): the compressor's state is ~11 KiB, and chunk JSON
-repeats within a chunk or two, so a 100-chunk completion's 28 KiB are held as ~1 KiB (bench/;
-OpenAI's captured streams shrink ~9:1). Shorter streams keep their bytes as they are and are
-compressed whole, with the full window, when the record is completed.
+repeats within a chunk or two, so a 100-chunk completion's 28 KiB compress to ~1 KiB and the
+copy holds ~12-15 KiB in all (bench/; OpenAI's captured streams shrink ~9:1). Shorter streams
+keep their bytes as they are (the compressor would cost more) and are compressed whole, with
+the full window, when the record is completed.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import gzip
 import zlib
 from array import array
 
-PLAIN_LIMIT = 8 * 1024
-"""Bytes kept as they are before the copy is compressed as it grows (about what the
-compressor's own state costs)."""
+PLAIN_LIMIT = 12 * 1024
+"""Bytes kept as they are before the copy is compressed as it grows: past about this, the
+compressor's state and its output cost less than the bytes."""
 _WINDOW_BITS = 10
 _MEM_LEVEL = 1
 
@@ -31,9 +32,12 @@ class RawCopy:
         """Stream offset after each write."""
         self._times = array("d")
         """Milliseconds since the request arrived, at each write."""
+        self._ended: bytes | None = None
 
     def add(self, data: bytes, ms: float) -> None:
         """`data` was written to the client `ms` after the request arrived."""
+        if self._ended is not None:
+            raise RuntimeError("the copy has ended: gzip() was called")
         self.size += len(data)
         self._ends.append(self.size)
         self._times.append(ms)
@@ -47,12 +51,16 @@ class RawCopy:
             self._plain = bytearray()
 
     def gzip(self) -> bytes:
-        """All the bytes, as one gzip member. Ends the copy."""
-        if self._compressor is None:
-            return gzip.compress(self._plain, compresslevel=1, mtime=0)
-        self._gzip += self._compressor.flush()
-        self._compressor = None
-        return bytes(self._gzip)
+        """All the bytes, as one gzip member. Ends the copy; later calls give the same."""
+        if self._ended is None:
+            if self._compressor is None:
+                self._ended = gzip.compress(self._plain, compresslevel=1, mtime=0)
+            else:
+                self._gzip += self._compressor.flush()
+                self._ended = bytes(self._gzip)
+            self._plain = self._gzip = bytearray()
+            self._compressor = None
+        return self._ended
 
     def pacing(self) -> list[tuple[int, float]]:
         """(offset after the write, ms since the request arrived) for each write."""

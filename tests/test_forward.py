@@ -3,10 +3,9 @@ and the recorder gets the complete exchange."""
 
 from __future__ import annotations
 
-import array
 import asyncio
-import fcntl
-import termios
+import socket
+import struct
 import time
 from typing import Any
 
@@ -217,11 +216,11 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
     assert exchange.response_json["choices"] == upstream.completion["choices"]
 
 
-def _unread(sock: Any) -> int:
-    """Bytes that have reached `sock` and that its owner has not read yet."""
-    count = array.array("i", [0])
-    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
-    return count[0]
+def _received(sock: Any) -> int:
+    """Bytes that have reached `sock` so far, read by its owner or not (Linux `tcp_info`:
+    `tcpi_bytes_received`, after 8 one-byte fields, 24 32-bit ones and 3 64-bit ones)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return int(struct.unpack_from("Q", info, 128)[0])
 
 
 async def test_the_record_is_made_once_the_request_is_on_its_way_upstream(
@@ -237,27 +236,30 @@ async def test_the_record_is_made_once_the_request_is_on_its_way_upstream(
         return web.json_response(completion())
 
     upstream.override = answer
-    unread_then: list[int] = []
+    received_then: list[int] = []
     made_at: list[float] = []
     start = Exchange.start
 
     def watched_start(*args: Any, **kwargs: Any) -> Exchange:
         made_at.append(time.time())
-        unread_then.append(_unread(sockets[-1]) if sockets else -1)
+        received_then.append(_received(sockets[0]) if sockets else -1)
         return start(*args, **kwargs)
 
     monkeypatch.setattr(Exchange, "start", watched_start)
+    after_first = 0
     async with aiohttp.ClientSession() as session:
         for _ in range(2):  # the first opens the connection the second is sent on
             url = f"{proxy.base_url}/chat/completions"
             async with session.post(url, data=b'{"model":"m","messages":[]}') as response:
                 assert response.status == 200
                 await response.read()
-    _, second = await proxy.recorder.wait_for(2)
+            after_first = after_first or _received(sockets[0])
+    first, second = await proxy.recorder.wait_for(2)
     assert sockets[0].getsockname() == sockets[1].getsockname()
     assert sockets[0].getpeername() == sockets[1].getpeername()  # one pooled connection
-    # When the second record was made, the request was waiting in the upstream's socket.
-    assert unread_then[1] > 0
+    # When the second record was made, its request had reached the upstream.
+    assert received_then[1] > after_first
+    assert first.id < second.id  # minted as the requests came
     assert second.started_at < made_at[1]
     assert second.request_body == b'{"model":"m","messages":[]}'
     assert second.upstream_url == upstream.url + "/chat/completions"
