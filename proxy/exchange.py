@@ -34,10 +34,20 @@ def new_id() -> str:
     minted on the event loop's thread only, so no lock. Formatted directly: building a
     `uuid.UUID` cost more than the rest of the function.
     """
+    return format_id(id_place())
+
+
+def id_place() -> int:
+    """The next id's place in the order (its millisecond and sequence): take it when the
+    order is decided, and `format_id` it when the string is needed."""
     global _uuid7_last
     candidate = time.time_ns() // 1_000_000 << 12
     _uuid7_last = candidate if candidate > _uuid7_last else _uuid7_last + 1
-    ms_and_seq = _uuid7_last
+    return _uuid7_last
+
+
+def format_id(ms_and_seq: int) -> str:
+    """The UUIDv7 string of an `id_place`."""
     rand = _random_bits(62)
     value = (ms_and_seq >> 12) << 80 | 0x7 << 76 | (ms_and_seq & 0xFFF) << 64 | 0b10 << 62 | rand
     h = f"{value:032x}"

@@ -22,7 +22,7 @@ from aiohttp import web
 from yarl import URL
 
 from .config import Config, Upstream
-from .exchange import Exchange, new_id
+from .exchange import Exchange, format_id, id_place
 from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .recorder import Recorder
@@ -104,7 +104,7 @@ def _identify(key: str) -> tuple[str, str]:
 async def forward(request: web.Request) -> web.StreamResponse:
     began = time.time()
     started = time.perf_counter()
-    exchange_id = new_id()  # now: ids sort as the requests came
+    place = id_place()  # now: ids sort as the requests came
     config = request.app[APP_CONFIG]
     raw_path = request.raw_path
     route = match_upstream(config.upstreams, raw_path)
@@ -116,7 +116,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
             "unknown_url",
         )
     upstream, rest = route
-    record = _Record(exchange_id, request.method, upstream, rest, began)
+    record = _Record(place, request.method, upstream, rest, began)
     tees: list[StreamTee] = []
     try:
         return await _relay(request, config, upstream, rest, record, started, tees)
@@ -146,17 +146,26 @@ class _Record:
     Filling an `Exchange` (forty fields) cost a stream ~20 us of its first byte at c=1
     (bench/) when done before the request went upstream. `after_send` has it done while the
     upstream works instead; `exchange()` gives the record, making it first if that has not
-    happened yet (a request that fails before it goes upstream). The id is minted when the
-    request arrives, so ids still sort as requests came. The decoded path and the query are
-    filled in by `_conclude`: nothing before the first byte needs them.
+    happened yet (a request that fails before it goes upstream). The id's place in the order
+    is taken when the request arrives, so ids still sort as requests came. The decoded path
+    and the query are filled in by `_conclude`: nothing before the first byte needs them.
     """
 
-    __slots__ = ("_began", "_exchange", "_id", "_method", "_rest", "_upstream", "body", "payload")
+    __slots__ = (
+        "_began",
+        "_exchange",
+        "_id_place",
+        "_method",
+        "_rest",
+        "_upstream",
+        "body",
+        "payload",
+    )
 
     def __init__(
-        self, exchange_id: str, method: str, upstream: Upstream, rest: str, began: float
+        self, place: int, method: str, upstream: Upstream, rest: str, began: float
     ) -> None:
-        self._id = exchange_id
+        self._id_place = place
         self._method = method
         self._upstream = upstream
         self._rest = rest
@@ -181,7 +190,12 @@ class _Record:
         if exchange is None:
             upstream = self._upstream
             exchange = self._exchange = Exchange.start(
-                self._method, "", "", upstream.name, exchange_id=self._id, started_at=self._began
+                self._method,
+                "",
+                "",
+                upstream.name,
+                exchange_id=format_id(self._id_place),
+                started_at=self._began,
             )
             exchange.request_body = self.body
             exchange.request_json = self.payload

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from proxy.exchange import new_id
+from proxy.exchange import format_id, id_place, new_id
 
 
 def test_ids_are_uuid7_strictly_increasing_and_unique() -> None:
@@ -19,3 +19,11 @@ def test_ids_are_uuid7_strictly_increasing_and_unique() -> None:
         assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
     first_ms = int(ids[0].replace("-", "")[:12], 16)
     assert before <= first_ms <= after + 1
+
+
+def test_an_id_sorts_by_when_its_place_was_taken_not_when_it_was_formatted() -> None:
+    places = [id_place() for _ in range(3000)]  # several milliseconds' worth
+    ids = [format_id(place) for place in reversed(places)][::-1]  # formatted last to first
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert all(uuid.UUID(value).version == 7 for value in ids)
+    assert new_id() > ids[-1]
