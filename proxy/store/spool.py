@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import fcntl
-import gzip
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from typing import Any
 import orjson
 
 from ..exchange import Exchange
+from ..rawcopy import compress_whole
 from .engine import StoreError
 from .write import stored_bodies
 
@@ -66,7 +66,7 @@ def decode(line: bytes) -> Exchange:
             kwargs[name] = base64.b64decode(kwargs[name], validate=True)
     if record.get("raw_stream") is not None:  # a line spooled before streams were compressed
         raw = base64.b64decode(record["raw_stream"], validate=True)
-        kwargs["raw_stream_gz"] = gzip.compress(raw, compresslevel=1, mtime=0)
+        kwargs["raw_stream_gz"] = compress_whole(raw)
     if isinstance(kwargs.get("raw_pacing"), list):
         kwargs["raw_pacing"] = [tuple(pair) for pair in kwargs["raw_pacing"]]
     try:
