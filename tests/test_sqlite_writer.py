@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from proxy.dbrecorder import DatabaseRecorder
 from proxy.store import upgrade
+from proxy.store.engine import SQLITE_PAGE_SIZE
 from proxy.store.sqlite_writer import SqliteWriter
 from proxy.store.write import rows_for
 
@@ -30,6 +31,35 @@ async def db_path(tmp_path: Path) -> Path:
 
 def file_size(path: Path) -> int:
     return path.stat().st_size
+
+
+def page_size_and_mode(path: Path) -> tuple[int, str]:
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        return (
+            con.execute("PRAGMA page_size").fetchone()[0],
+            con.execute("PRAGMA journal_mode").fetchone()[0],
+        )
+
+
+async def test_a_new_database_has_16_kib_pages_in_wal_mode(db_path: Path) -> None:
+    assert page_size_and_mode(db_path) == (SQLITE_PAGE_SIZE, "wal")
+    assert SQLITE_PAGE_SIZE == 16_384
+
+
+async def test_an_existing_database_keeps_its_page_size_and_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        con.execute("PRAGMA page_size = 4096")
+        con.execute("CREATE TABLE before_us (x)")  # the file now has its pages
+    await upgrade(sqlite_url(path))
+    writer = SqliteWriter(str(path), 1000)
+    try:
+        assert await writer.write([rows_for(chat_exchange())]) == 1
+    finally:
+        await writer.close()
+    assert page_size_and_mode(path) == (4096, "wal")
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        assert con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 1
 
 
 class Ticker:

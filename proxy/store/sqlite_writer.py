@@ -27,6 +27,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..turns import Turns
+from .engine import SQLITE_PAGE_SIZE
 from .write import (
     SQLITE_COUNT_FINGERPRINTS,
     Rows,
@@ -80,6 +81,7 @@ class SqliteWriter:
             )
             try:
                 if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    con.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")  # if still empty
                     con.execute("PRAGMA journal_mode = WAL")
                 con.execute("PRAGMA synchronous = NORMAL")
                 # This connection only inserts, and only children of the exchanges it inserts
