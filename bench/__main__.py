@@ -50,7 +50,10 @@ TARGETS = (
     "nginx",
     "litellm",
 )
-MEASURES = ("latency", "ttfb", "cpu", "maxrate", "streams", "reassembly", "record")
+MEASURES = ("latency", "ttfb", "cpu", "cpu-large", "maxrate", "streams", "reassembly", "record")
+LARGE_PROMPT = 50_000
+"""Bytes of prompt added to each request of `cpu-large`: a long conversation, or a document
+pasted in. What a proxy does per byte of body (recording writes every byte) shows there."""
 P99_LIMIT_MS = 50.0
 
 
@@ -303,20 +306,26 @@ def paired_round(
 def closed_measures(
     worker: LoadWorker, targets: list[Target], plan: Plan, measures: list[str], upstream: int
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """latency (c=1), ttfb (c=1, streams) and cpu (c=8), in interleaved rounds. At c=1 the
-    targets' requests alternate (`paired_round`); at c=8 each target has the machine in turn,
-    since CPU per request is read from the target's own process."""
+    """latency (c=1), ttfb (c=1, streams), cpu and cpu-large (c=8), in interleaved rounds. At
+    c=1 the targets' requests alternate (`paired_round`); at c=8 each target has the machine in
+    turn, since CPU per request is read from the target's own process."""
     shapes = {
         "latency": {"concurrency": 1, "stream": False, "warmup": 100},
         "ttfb": {"concurrency": 1, "stream": True, "warmup": 50},
         "cpu": {"concurrency": 8, "stream": False, "warmup": 200},
+        "cpu-large": {
+            "concurrency": 8,
+            "stream": False,
+            "warmup": 100,
+            "prompt_bytes": LARGE_PROMPT,
+        },
     }
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in shapes if m in measures}
     for turn in range(plan.rounds):
         for measure in raw:
             if measure == "ttfb":
                 set_stream_shape(upstream, plan.ttfb_chunks, plan.ttfb_interval_ms)
-            if measure != "cpu" and plan.c1 == "paired":
+            if shapes[measure]["concurrency"] == 1 and plan.c1 == "paired":
                 shape = {k: v for k, v in shapes[measure].items() if k != "concurrency"}
                 running = [t for t in targets if alive(t)]
                 for index, group in enumerate(paired_groups(running)):

@@ -50,8 +50,13 @@ REQUEST_BODY = {
 }
 
 
-def request_bytes(port: int, path: str, stream: bool) -> bytes:
-    body = orjson.dumps({**REQUEST_BODY, "stream": stream})
+def request_bytes(port: int, path: str, stream: bool, prompt_bytes: int = 0) -> bytes:
+    """The bench's request; `prompt_bytes` more of prompt in a last user message."""
+    payload: dict[str, Any] = {**REQUEST_BODY, "stream": stream}
+    if prompt_bytes:
+        words = "word " * (prompt_bytes // 5)
+        payload["messages"] = [*REQUEST_BODY["messages"], {"role": "user", "content": words}]
+    body = orjson.dumps(payload)
     return (
         b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
         b"Accept: application/json\r\nAuthorization: Bearer sk-bench-0123456789abcdef\r\n"
@@ -225,7 +230,7 @@ async def _one(
 
 async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     port, stream, pids = cmd["port"], bool(cmd.get("stream")), cmd.get("pids", [])
-    raw = request_bytes(port, cmd["path"], stream)
+    raw = request_bytes(port, cmd["path"], stream, int(cmd.get("prompt_bytes", 0)))
     concurrency = int(cmd["concurrency"])
     conns: list[Connection | None] = []
 

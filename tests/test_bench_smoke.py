@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bench import load, procs, report
@@ -33,11 +34,11 @@ TINY = Plan(
 @pytest.mark.parametrize("c1", ["paired", "solo"])
 def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
     names = ["direct", "relay", "flightrec-memory"]
-    measures = ["latency", "ttfb", "cpu", "streams"]
+    measures = ["latency", "ttfb", "cpu", "cpu-large", "streams"]
     results = run(replace(TINY, c1=c1), names, measures, tmp_path, pg="", install=False)
 
     raw = results["raw"]
-    for measure in ("latency", "ttfb", "cpu"):
+    for measure in ("latency", "ttfb", "cpu", "cpu-large"):
         for name in names:
             (result,) = raw[measure][name]
             assert result["errors"] == 0, (measure, name, result)
@@ -63,7 +64,7 @@ def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
 
     summary = results["summary"]
     for name in ("relay", "flightrec-memory"):
-        for metric in ("cpu_us", "added_p50_ms", "added_ttfb_p50_ms"):
+        for metric in ("cpu_us", "cpu_large_us", "added_p50_ms", "added_ttfb_p50_ms"):
             assert math.isfinite(summary[name][metric]) and summary[name][metric] > 0
         assert math.isfinite(summary[name]["cpu_per_chunk_us"])
     assert summary["relay"]["cpu_us_x"] == 1.0
@@ -72,6 +73,22 @@ def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
     assert all(t["crashes"] == [] for t in results["targets"].values())
     results["targets"]["relay"]["crashes"] = [-11]
     assert "- relay: 1 time(s), exit statuses [-11]" in report.markdown(results)
+
+
+def test_the_large_request_carries_the_extra_prompt() -> None:
+    head, _, body = load.request_bytes(8080, "/v1/chat/completions", False, 50_000).partition(
+        b"\r\n\r\n"
+    )
+    payload = orjson.loads(body)
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert len(payload["messages"][-1]["content"]) == 50_000
+    assert payload["messages"][:-1] == load.REQUEST_BODY["messages"]
+    assert (
+        orjson.loads(
+            load.request_bytes(8080, "/v1/chat/completions", False).partition(b"\r\n\r\n")[2]
+        )["messages"]
+        == load.REQUEST_BODY["messages"]
+    )
 
 
 def test_a_target_that_dies_is_started_again(tmp_path: Path) -> None:
