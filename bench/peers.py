@@ -26,6 +26,8 @@ error_log {dir}/error.log warn;
 events {{ worker_connections 8192; }}
 http {{
     access_log off;
+    # Request bodies stay in memory (the default spills those over 16 KiB to a temp file).
+    client_body_buffer_size 1m;
     client_body_temp_path {dir}/body;
     proxy_temp_path {dir}/proxy;
     fastcgi_temp_path {dir}/fastcgi;
