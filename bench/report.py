@@ -283,6 +283,13 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["| target | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
         for label, by_target in verdicts:
             lines.append(f"| {label} | " + " | ".join(by_target.get(n, "—") for n in shown) + " |")
+    quiet = results.get("quiet")
+    if quiet is not None:
+        lines += [
+            "",
+            f"The focused benchmarks below ran once the targets were stopped and the machine was"
+            f" quiet: {quiet['waited_s']:g} s waited, {quiet['busy']:.0%} busy at the start.",
+        ]
     lines += _reassembly(results.get("reassembly")) + _record(results.get("record"))
     skipped = {n: t["skipped"] for n, t in results.get("targets", {}).items() if t["skipped"]}
     lines += ["", "## Skipped", ""]

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from bench import load, procs, report
-from bench.__main__ import RESTARTS, Plan, alive, paired_groups, run
+from bench.__main__ import RESTARTS, Plan, alive, paired_groups, quiet_machine, run
 from bench.upstream import MockProtocol
 
 TINY = Plan(
@@ -89,6 +89,13 @@ def test_the_large_request_carries_the_extra_prompt() -> None:
         )["messages"]
         == load.REQUEST_BODY["messages"]
     )
+
+
+def test_the_bench_waits_for_a_quiet_machine_but_not_for_ever() -> None:
+    quiet = quiet_machine(limit=1.0, window=0.1, timeout=5.0)  # any machine is that quiet
+    assert quiet["waited_s"] < 1.0 and 0.0 <= quiet["busy"] <= 1.0
+    never = quiet_machine(limit=-1.0, window=0.1, timeout=0.5)
+    assert 0.5 <= never["waited_s"] < 2.0 and 0.0 <= never["busy"] <= 1.0
 
 
 def test_a_target_that_dies_is_started_again(tmp_path: Path) -> None:
