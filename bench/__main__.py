@@ -1,7 +1,7 @@
 """The whole bench in one command: flightrec against the floor (a bare aiohttp relay) and its
 peers, side by side, in one process tree on this machine.
 
-    python -m bench            # full run (about 12 minutes)
+    python -m bench            # full run (about 13 minutes)
     python -m bench --quick    # about 2 minutes
     python -m bench --targets relay,flightrec-sqlite --measures cpu,latency
 
@@ -472,7 +472,7 @@ def note(label: str, result: dict[str, Any]) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="about 2 minutes instead of 12")
+    parser.add_argument("--quick", action="store_true", help="about 2 minutes instead of 13")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated")
     parser.add_argument("--measures", default=",".join(MEASURES), help="comma-separated")
     parser.add_argument("--rounds", type=int, help="rounds of the closed-loop measures")
