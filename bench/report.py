@@ -125,7 +125,7 @@ def summarize(raw: dict[str, Any], names: list[str]) -> Summary:
 
 
 def checks(results: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
-    """The issue's targets, one row each, a verdict per recording flightrec target."""
+    """The targets (the issue's and ours), one row each, a verdict per recording target."""
     summary: Summary = results.get("summary", {})
     relay = summary.get("relay", {})
     litellm = summary.get("litellm", {})
@@ -279,16 +279,21 @@ def markdown(results: dict[str, Any]) -> str:
     verdicts = checks(results)
     if verdicts and any(v for _, v in verdicts):
         shown = [n for n in RECORDING if n in summary]
-        lines += ["", "## The issue's targets (recording on)", ""]
+        lines += ["", "## Targets, recording on (the issue's; '(ours)' marks one of our own)", ""]
         lines += ["| target | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
         for label, by_target in verdicts:
             lines.append(f"| {label} | " + " | ".join(by_target.get(n, "—") for n in shown) + " |")
     quiet = results.get("quiet")
     if quiet is not None:
+        state = (
+            "was quiet"
+            if quiet.get("quiet", True)
+            else "had not gone quiet (they ran anyway; their figures may read high)"
+        )
         lines += [
             "",
-            f"The focused benchmarks below ran once the targets were stopped and the machine was"
-            f" quiet: {quiet['waited_s']:g} s waited, {quiet['busy']:.0%} busy at the start.",
+            f"The focused benchmarks below ran once the targets were stopped: the machine {state}"
+            f" after {quiet['waited_s']:g} s, {quiet['busy']:.0%} busy over the last half second.",
         ]
     lines += _reassembly(results.get("reassembly")) + _record(results.get("record"))
     skipped = {n: t["skipped"] for n, t in results.get("targets", {}).items() if t["skipped"]}

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench import __main__ as bench_main
 from bench import load, procs, report
 from bench.__main__ import RESTARTS, Plan, alive, paired_groups, quiet_machine, run
 from bench.upstream import MockProtocol
@@ -91,11 +92,26 @@ def test_the_large_request_carries_the_extra_prompt() -> None:
     )
 
 
-def test_the_bench_waits_for_a_quiet_machine_but_not_for_ever() -> None:
-    quiet = quiet_machine(limit=1.0, window=0.1, timeout=5.0)  # any machine is that quiet
-    assert quiet["waited_s"] < 1.0 and 0.0 <= quiet["busy"] <= 1.0
+def test_the_bench_waits_for_a_quiet_machine_but_not_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The machine's own load cannot be set from a test: /proc/stat's busy share is played
+    # back instead, a window busy 90 %, then 50 %, then 10 %.
+    jiffies = iter([(0, 0), (90, 100), (90, 100), (140, 200), (140, 200), (150, 300)])
+    monkeypatch.setattr(bench_main, "_busy_jiffies", lambda: next(jiffies))
+    quiet = quiet_machine(limit=0.15, window=0.01, timeout=5.0)
+    assert quiet["quiet"] and quiet["busy"] == 0.1
+    assert next(jiffies, None) is None  # waited through all three windows, no more
+    monkeypatch.undo()
+
+    # On the real /proc/stat: any machine is at most 100 % busy; none is below 0 %.
+    assert quiet_machine(limit=1.0, window=0.1, timeout=5.0)["quiet"]
     never = quiet_machine(limit=-1.0, window=0.1, timeout=0.5)
-    assert 0.5 <= never["waited_s"] < 2.0 and 0.0 <= never["busy"] <= 1.0
+    assert not never["quiet"] and 0.5 <= never["waited_s"] < 2.0
+    assert 0.0 <= never["busy"] <= 1.0
+    stored = orjson.loads((Path(__file__).parents[1] / "bench" / "results.json").read_bytes())
+    assert "had not gone quiet" in report.markdown({**stored, "quiet": never})
+    assert "the machine was quiet" in report.markdown({**stored, "quiet": quiet})
 
 
 def test_a_target_that_dies_is_started_again(tmp_path: Path) -> None:

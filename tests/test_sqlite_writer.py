@@ -46,6 +46,16 @@ async def test_a_new_database_has_16_kib_pages_in_wal_mode(db_path: Path) -> Non
     assert SQLITE_PAGE_SIZE == 16_384
 
 
+async def test_the_writer_opening_an_empty_file_gives_it_16_kib_pages(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"  # the recorder normally finds a migrated database
+    writer = SqliteWriter(str(path), 1000)
+    try:
+        writer._connection()
+    finally:
+        await writer.close()
+    assert page_size_and_mode(path) == (SQLITE_PAGE_SIZE, "wal")
+
+
 async def test_an_existing_database_keeps_its_page_size_and_is_written(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     with contextlib.closing(sqlite3.connect(path)) as con:

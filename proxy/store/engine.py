@@ -22,10 +22,10 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PAGE_SIZE = 16_384
 """Bytes per page of a new SQLite database (SQLite's default is 4,096). Records carry whole
 bodies, and every byte of one is written to the log at commit and copied again by the
-checkpoint, a system call per page each time: with 50 KB requests, 16 KiB pages took recording
-from ~750 to ~600 µs of CPU per request at concurrency 8 (the bare relay: ~320); small
-requests were unchanged (A/B runs, bench/relay.py beside `flightrec serve`).
-Only a new database takes it; an existing one keeps its page size (README: Configure)."""
+checkpoint, a system call per page each time: with 50 KB requests at concurrency 8, 16 KiB
+pages took `flightrec serve` from a median ~750 to ~600 µs of CPU per request (A/B, five
+alternating 4 s runs each; the bare relay ~320); small requests were unchanged. Only a new
+database takes it; an existing one keeps its page size (README: How records get there)."""
 PG_CONNECT_TIMEOUT = 5.0
 PG_COMMAND_TIMEOUT = 60.0
 
