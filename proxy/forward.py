@@ -141,20 +141,24 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 class _Record:
-    """Makes an exchange's record when no byte is waiting for it.
+    """Makes an exchange's record once the client has the first byte of the answer.
 
     Filling an `Exchange` (forty fields) cost a stream ~20 us of its first byte at c=1
-    (bench/) when done before the request went upstream. `after_send` has it done while the
-    upstream works instead; `exchange()` gives the record, making it first if that has not
-    happened yet (a request that fails before it goes upstream). The id's place in the order
-    is taken when the request arrives, so ids still sort as requests came. The decoded path
-    and the query are filled in by `_conclude`: nothing before the first byte needs them.
+    (bench/) when done before the request went upstream, and about as much when scheduled for
+    while the upstream works (~7 us to schedule, ~14 more until the answer was in: the proxy
+    and the upstream share two cores). Until the first piece of the answer has gone to the
+    client the proxy keeps what the record needs here;
+    `exchange()` makes the record the first time it is asked for: by the tee, a moment after
+    that piece was written, or by whatever ends the exchange sooner (a request that fails
+    before it goes upstream). The id is minted when the request arrives (`id`), so ids sort
+    as requests came. The decoded path and the query are filled in by `_conclude`.
     """
 
     __slots__ = (
+        "_answer",
         "_began",
         "_exchange",
-        "_id_place",
+        "_id",
         "_method",
         "_rest",
         "_upstream",
@@ -165,25 +169,27 @@ class _Record:
     def __init__(
         self, place: int, method: str, upstream: Upstream, rest: str, began: float
     ) -> None:
-        self._id_place = place
+        self._id = format_id(place)
         self._method = method
         self._upstream = upstream
         self._rest = rest
         self._began = began
         self._exchange: Exchange | None = None
+        self._answer: tuple[float, aiohttp.ClientResponse, str] | None = None
         self.body: bytes | None = None
         self.payload: Any = None
         """The request body parsed, when the proxy had to read it; else `_conclude` does."""
 
-    def after_send(self) -> None:
-        """Make the record two turns of the event loop from now. On a pooled connection
-        aiohttp writes a request's body from a task of its own one turn after
-        `session.request` is called (Python 3.11; at once from 3.12), and the record should not
-        come before that write; the upstream's answer is read in a later turn still, so the
-        record is there before the relay needs it. (On a new connection it is made while the
-        connection is set up: no harm, the request waits for the connection anyway.)"""
-        loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_soon, self.exchange)
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def answered(self, ttfb_ms: float, response: aiohttp.ClientResponse, content_type: str) -> None:
+        """The upstream's answer has come: what the record says of it, filled in when the
+        record is made."""
+        self._answer = (ttfb_ms, response, content_type)
+        if self._exchange is not None:
+            self._fill_answer(self._exchange)
 
     def exchange(self) -> Exchange:
         exchange = self._exchange
@@ -194,13 +200,24 @@ class _Record:
                 "",
                 "",
                 upstream.name,
-                exchange_id=format_id(self._id_place),
+                exchange_id=self._id,
                 started_at=self._began,
             )
             exchange.request_body = self.body
             exchange.request_json = self.payload
             exchange.upstream_url = upstream.base_url + self._rest.partition("?")[0]
+            if self._answer is not None:
+                self._fill_answer(exchange)
         return exchange
+
+    def _fill_answer(self, exchange: Exchange) -> None:
+        assert self._answer is not None
+        ttfb_ms, response, content_type = self._answer
+        exchange.ttfb_ms = ttfb_ms
+        exchange.status = response.status
+        exchange.upstream_request_id = response.headers.get("x-request-id")
+        exchange.content_type = content_type or None
+        exchange.stream = exchange.stream or content_type.startswith("text/event-stream")
 
 
 def _conclude(
@@ -256,24 +273,28 @@ async def _relay(
 
     record.body = body
     endpoint = request.raw_path.partition("?")[0]
-    injected = False
+    injected = guessed = False
     if config.stream_usage == "inject" and endpoint.endswith(USAGE_PATHS):
-        payload = record.payload = _parse_json_body(body)
-        if isinstance(payload, dict) and payload.get("stream") is True:
-            body, injected = _ask_for_usage(payload, body)
+        streaming = asks_for_stream(body)
+        if streaming is None:  # only parsing can tell
+            payload = record.payload = _parse_json_body(body)
+            if isinstance(payload, dict) and payload.get("stream") is True:
+                body, injected = _ask_for_usage(payload, body)
+        elif streaming:
+            body, injected = body.rstrip()[:-1] + _USAGE_OPTION, True
+            guessed = True
 
-    headers = upstream_headers(request.headers, identity_encoding=injected)
     url = URL(upstream.base_url + rest, encoded=True)
     session = request.app[APP_SESSION]
-    record.after_send()
     try:
-        upstream_response = await session.request(
-            request.method,
-            url,
-            headers=headers,
-            data=body or None,
-            allow_redirects=False,
-        )
+        upstream_response = await _send(session, request, url, body, injected)
+        if guessed and 400 <= upstream_response.status < 500 and not _wants_stream(record):
+            # The bytes misled `asks_for_stream` (its "stream" key was a nested object's):
+            # the upstream refused the added option. Send the client's request as it came.
+            log.debug("%s: no stream after all; sent again without stream_options", url)
+            upstream_response.close()
+            injected = False
+            upstream_response = await _send(session, request, url, record.body, injected)
     except TimeoutError:
         return _unreachable(record.exchange(), upstream, 504, "timeout", "timed out")
     except aiohttp.ClientError as exc:
@@ -281,15 +302,10 @@ async def _relay(
             record.exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
         )
 
-    exchange = record.exchange()
     async with upstream_response:
-        exchange.ttfb_ms = (time.perf_counter() - started) * 1000
-        exchange.status = upstream_response.status
-        exchange.upstream_request_id = upstream_response.headers.get("x-request-id")
         content_type = upstream_response.headers.get("Content-Type", "")
-        exchange.content_type = content_type or None
+        record.answered((time.perf_counter() - started) * 1000, upstream_response, content_type)
         is_sse = content_type.startswith("text/event-stream")
-        exchange.stream = exchange.stream or is_sse
         encoding = upstream_response.headers.get("Content-Encoding", "identity").lower()
         # Withholding an event means cutting bytes out of the body, which only works uncompressed.
         withhold = injected and is_sse and encoding in ("", "identity")
@@ -300,11 +316,11 @@ async def _relay(
             hold_headers=not is_sse or upstream_response.content.total_bytes > 0,
         )
         response.headers.extend(response_headers(upstream_response.headers, withhold))
-        response.headers["X-Flightrec-Id"] = exchange.id
+        response.headers["X-Flightrec-Id"] = record.id
         await response.prepare(request)
 
         tee = StreamTee(
-            exchange,
+            record.exchange,
             path=endpoint,
             encoding=encoding,
             sse=is_sse,
@@ -318,6 +334,7 @@ async def _relay(
         tees.append(tee)  # finished by `_conclude`, off the way of the next request
         try:
             await _pump(response, upstream_response, tee, config.cancel_on_disconnect)
+            exchange = record.exchange()
             if exchange.outcome in ("upstream_disconnected", "timeout"):
                 # A cut body must look cut to the client too: the connection closes without
                 # the body's end (aiohttp would write it once the handler returns).
@@ -331,11 +348,25 @@ async def _relay(
                     exchange.outcome = "client_disconnected"
                     exchange.error = "client disconnected before the end of the body"
         except Exception as exc:  # the response has started: a second one cannot be sent
+            exchange = record.exchange()
             log.exception("exchange %s failed while relaying", exchange.id)
             exchange.outcome = "proxy_error"
             exchange.error = f"{type(exc).__name__}: {exc}"
             response.force_close()
         return response
+
+
+async def _send(
+    session: aiohttp.ClientSession, request: web.Request, url: URL, body: bytes, injected: bool
+) -> aiohttp.ClientResponse:
+    """Send the request upstream; the response once its headers are in."""
+    return await session.request(
+        request.method,
+        url,
+        headers=upstream_headers(request.headers, identity_encoding=injected),
+        data=body or None,
+        allow_redirects=False,
+    )
 
 
 async def _pump(
@@ -346,8 +377,8 @@ async def _pump(
 ) -> None:
     """Copy the upstream body to the client as it arrives; the tee looks at each piece a
     moment after it was written, except when it must cut out the usage event the proxy asked
-    for and the piece may hold it."""
-    exchange = tee.exchange
+    for and the piece may hold it. The exchange's record is made (`tee.exchange`) once the first
+    piece is on its way."""
     client_here = True
 
     async def send(data: bytes) -> bool:
@@ -358,8 +389,8 @@ async def _pump(
             return True
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             client_here = False
-            exchange.outcome = "client_disconnected"
-            exchange.error = "client disconnected"
+            tee.exchange.outcome = "client_disconnected"
+            tee.exchange.error = "client disconnected"
             return False
 
     try:
@@ -372,18 +403,18 @@ async def _pump(
             else:
                 tee.feed_later(piece, delivered=client_here and await send(piece))
             if not client_here and cancel_on_disconnect:
-                exchange.error = "client disconnected; upstream request cancelled"
+                tee.exchange.error = "client disconnected; upstream request cancelled"
                 upstream_response.close()
                 break
     except TimeoutError:
-        exchange.outcome = "timeout"
-        exchange.error = "upstream went silent mid-body (read_timeout)"
+        tee.exchange.outcome = "timeout"
+        tee.exchange.error = "upstream went silent mid-body (read_timeout)"
     except aiohttp.ClientPayloadError as exc:
-        exchange.outcome = "upstream_disconnected"
-        exchange.error = f"upstream body broken: {exc}"
+        tee.exchange.outcome = "upstream_disconnected"
+        tee.exchange.error = f"upstream body broken: {exc}"
     except aiohttp.ClientConnectionError as exc:
-        exchange.outcome = "upstream_disconnected"
-        exchange.error = f"upstream connection lost: {exc}"
+        tee.exchange.outcome = "upstream_disconnected"
+        tee.exchange.error = f"upstream connection lost: {exc}"
     finally:
         rest = tee.end()
     if rest and client_here and await send(rest):
@@ -432,6 +463,45 @@ def _parse_json_body(body: bytes) -> Any:
 
 
 _USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
+_STREAM_KEY = b'"stream"'
+
+
+def asks_for_stream(body: bytes) -> bool | None:
+    """Whether a request body asks for a stream, read off its bytes without parsing them:
+    orjson wakes cold at concurrency 1 and cost a stream ~10 us of its first byte (bench/).
+
+    The answer is from the one place the key `"stream"` appears: no `"stream"` at all is
+    False; `"stream"` once, as a key, with `true` or `false` after it is that. Otherwise, or
+    when `stream_options` is there too (to be merged, not added) or the body is no object,
+    None: only parsing can tell. A JSON string cannot hold `"stream"` unescaped, so a lone
+    match is a key, but it may be a nested object's: then the request asks for no stream at
+    all, and a True here is wrong; `_relay` finds out if the upstream refuses the option and
+    sends the request again as it came.
+    """
+    if b'"stream_options"' in body:
+        return None
+    at = body.find(_STREAM_KEY)
+    if at == -1:
+        return False
+    if body.find(_STREAM_KEY, at + 1) != -1 or body[at - 1 : at] == b"\\":
+        return None
+    value = body[at + len(_STREAM_KEY) : at + 40].lstrip()
+    if value[:1] != b":":
+        return None  # a string value "stream", not the key
+    value = value[1:].lstrip()
+    if value.startswith(b"false"):
+        return False
+    if value.startswith(b"true") and body.rstrip().endswith(b"}") and body.lstrip()[:1] == b"{":
+        return True
+    return None
+
+
+def _wants_stream(record: _Record) -> bool:
+    """What parsing says `asks_for_stream` guessed: the body asks for a stream."""
+    if record.payload is None:
+        record.payload = _parse_json_body(record.body or b"")
+    payload = record.payload
+    return isinstance(payload, dict) and payload.get("stream") is True
 
 
 def _ask_for_usage(payload: dict[str, Any], body: bytes) -> tuple[bytes, bool]:

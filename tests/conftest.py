@@ -110,6 +110,12 @@ class FakeUpstream:
         path = request.path
         if path == "/v1/chat/completions":
             payload = orjson.loads(body)
+            if "stream_options" in payload and payload.get("stream") is not True:
+                # As OpenAI answers it.
+                message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+                error = {"message": message, "type": "invalid_request_error"}
+                error |= {"param": "stream_options", "code": None}
+                return web.json_response({"error": error}, status=400)
             if payload.get("stream"):
                 options = payload.get("stream_options") or {}
                 data = self.stream_body(bool(options.get("include_usage")))

@@ -4,17 +4,22 @@ and the recorder gets the complete exchange."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
-from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.exchange import Exchange
+from proxy.forward import asks_for_stream
 
 from .conftest import FakeUpstream, RunningProxy, Sdk, completion
 
@@ -216,6 +221,68 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
     assert exchange.response_json["choices"] == upstream.completion["choices"]
 
 
+async def test_a_stream_key_of_a_nested_object_asks_for_no_stream(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    """The proxy reads "stream": true off the bytes; when that key was a nested object's, the
+    upstream refuses the option the proxy added, and the request goes again as it came: the
+    client sees what it would have seen without the proxy."""
+    sent = orjson.dumps({"model": "m", "messages": MESSAGES, "response_format": {"stream": True}})
+    url = f"{proxy.base_url}/chat/completions"
+    async with aiohttp.ClientSession() as session, session.post(url, data=sent) as response:
+        assert response.status == 200
+        assert await response.json() == upstream.completion
+    refused, answered = upstream.seen[-2:]
+    assert b"stream_options" in refused.body
+    assert answered.body == sent
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert (exchange.status, exchange.outcome, exchange.stream) == (200, "ok", False)
+    assert exchange.request_body == sent and exchange.usage_source == "reported"
+
+
+_KEYS = st.sampled_from(["stream", "stream_options", "model", 'say "stream', "n"]) | st.text(
+    max_size=4
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-9, 9) | st.sampled_from(["stream", '"stream"', "\\"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    max_leaves=8,
+)
+_DUMPS = st.sampled_from(
+    [
+        orjson.dumps,
+        lambda v: json.dumps(v).encode(),
+        lambda v: json.dumps(v, indent=2, ensure_ascii=False).encode(),
+        lambda v: b" \n" + json.dumps(v, separators=(" , ", " : ")).encode() + b"\n",
+    ]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(_KEYS, _JSON, max_size=5), _DUMPS)
+def test_reading_stream_off_the_bytes_agrees_with_parsing(
+    payload: dict[str, Any], dumps: Callable[[Any], bytes]
+) -> None:
+    answer = asks_for_stream(dumps(payload))
+    if answer is False:
+        assert payload.get("stream") is not True
+    elif answer is True:  # or a nested object's key: the upstream will refuse, see above
+        assert payload.get("stream") is True or "stream" not in payload
+        assert "stream_options" not in payload
+
+
+def test_reading_stream_off_the_bytes_answers_the_usual_bodies() -> None:
+    assert asks_for_stream(b'{"model":"m","messages":[],"stream":true}') is True
+    assert asks_for_stream(b'{"stream" :\n true, "model": "m"}') is True
+    assert asks_for_stream(b'{"model":"m","stream":false}') is False
+    assert asks_for_stream(b'{"model":"m"}') is False
+    assert asks_for_stream(b'{"stream":true,"stream_options":{"x":1}}') is None
+    assert asks_for_stream(b'{"stream":true,"tools":[{"stream":true}]}') is None
+    assert asks_for_stream(b'{"mode":"stream"}') is None
+    assert asks_for_stream(b'{"stream":1}') is None
+    assert asks_for_stream(b'["stream":true]') is None
+
+
 def _received(sock: Any) -> int:
     """Bytes that have reached `sock` so far, read by its owner or not (Linux `tcp_info`:
     `tcpi_bytes_received`, after 8 one-byte fields, 24 32-bit ones and 3 64-bit ones)."""
@@ -223,43 +290,48 @@ def _received(sock: Any) -> int:
     return int(struct.unpack_from("Q", info, 128)[0])
 
 
-async def test_the_record_is_made_once_the_request_is_on_its_way_upstream(
+async def test_the_record_is_made_once_the_answer_is_on_its_way_to_the_client(
     upstream: FakeUpstream, proxy: RunningProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Minting the id and filling the exchange wait until the request has been written to the
-    upstream (they would delay it otherwise); the record still says when the request came."""
-    sockets: list[Any] = []  # the upstream's end of each request's connection
-
-    async def answer(request: web.Request) -> web.StreamResponse:
-        assert request.transport is not None
-        sockets.append(request.transport.get_extra_info("socket"))
-        return web.json_response(completion())
-
-    upstream.override = answer
+    """Filling the exchange waits until the answer's first piece has been written to the
+    client (it would delay that piece otherwise); the id was minted when the request came,
+    the record still says when that was, and what the upstream answered."""
+    upstream.by_event = True
+    upstream.pause = 0.05
+    client_socket: list[Any] = []
     received_then: list[int] = []
     made_at: list[float] = []
     start = Exchange.start
 
     def watched_start(*args: Any, **kwargs: Any) -> Exchange:
         made_at.append(time.time())
-        received_then.append(_received(sockets[0]) if sockets else -1)
+        received_then.append(_received(client_socket[0]))
         return start(*args, **kwargs)
 
     monkeypatch.setattr(Exchange, "start", watched_start)
-    after_first = 0
-    async with aiohttp.ClientSession() as session:
-        for _ in range(2):  # the first opens the connection the second is sent on
-            url = f"{proxy.base_url}/chat/completions"
-            async with session.post(url, data=b'{"model":"m","messages":[]}') as response:
-                assert response.status == 200
-                await response.read()
-            after_first = after_first or _received(sockets[0])
-    first, second = await proxy.recorder.wait_for(2)
-    assert sockets[0].getsockname() == sockets[1].getsockname()
-    assert sockets[0].getpeername() == sockets[1].getpeername()  # one pooled connection
-    # When the second record was made, its request had reached the upstream.
-    assert received_then[1] > after_first
-    assert first.id < second.id  # minted as the requests came
-    assert second.started_at < made_at[1]
-    assert second.request_body == b'{"model":"m","messages":[]}'
-    assert second.upstream_url == upstream.url + "/chat/completions"
+    host, port = proxy.base_url.split("//")[1].split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    client_socket.append(writer.get_extra_info("socket"))
+    ids = []
+    for stream in (b"false", b"true"):
+        body = b'{"model":"m","messages":[],"stream":%s}' % stream
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        ids.append(head.split(b"X-Flightrec-Id: ")[1].split(b"\r\n")[0].decode())
+        if stream == b"false":
+            await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        else:
+            await reader.readuntil(b"0\r\n\r\n")
+    writer.close()
+    plain, streamed = await proxy.recorder.wait_for(2)
+    # Each record was made after the answer's first bytes had reached the client.
+    assert received_then[0] > 0 and received_then[1] > received_then[0]
+    assert [plain.id, streamed.id] == ids and plain.id < streamed.id
+    assert streamed.started_at < made_at[1]
+    assert streamed.request_body == b'{"model":"m","messages":[],"stream":true}'
+    assert streamed.upstream_url == upstream.url + "/chat/completions"
+    assert (streamed.status, streamed.content_type) == (200, "text/event-stream")
+    assert streamed.stream and streamed.ttfb_ms is not None and streamed.ttfb_ms > 0

@@ -346,6 +346,8 @@ def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
         (b'data: {"choices":[],"usage":{"total_tokens":3}}\n\n', False),
         (b'data: {"choices": [], "usage": {"total_tokens": 3}}\n\n', False),
         (b'data: {"choices":[{"index":0}],"usage":null}\n', False),  # ends inside an event
+        (b'data: {"usage":null}\n\ndata: {"choices":[],"usage":{"total_tokens":3}}\n\n', False),
+        (b'data: {"usage":null}\n\ndata: {"usage": null}\n\n', True),
         (b"data: [DONE]\n\n", True),
     ],
 )
