@@ -288,9 +288,10 @@ async def _relay(
     session = request.app[APP_SESSION]
     try:
         upstream_response = await _send(session, request, url, body, injected)
-        if guessed and 400 <= upstream_response.status < 500 and not _wants_stream(record):
-            # The bytes misled `asks_for_stream` (its "stream" key was a nested object's):
-            # the upstream refused the added option. Send the client's request as it came.
+        if guessed and upstream_response.status == 400 and not _wants_stream(record):
+            # The bytes misled `asks_for_stream` (its "stream" key was a nested object's) and
+            # the upstream refused the request, as OpenAI refuses stream_options without a
+            # stream. Send the client's request as it came (no answer was generated).
             log.debug("%s: no stream after all; sent again without stream_options", url)
             upstream_response.close()
             injected = False
@@ -324,7 +325,7 @@ async def _relay(
             path=endpoint,
             encoding=encoding,
             sse=is_sse,
-            injected=injected,
+            injected=injected and is_sse,  # an upstream may take the option and answer no stream
             withhold=withhold,
             max_record_bytes=config.max_record_bytes,
             started=started,
@@ -472,11 +473,13 @@ def asks_for_stream(body: bytes) -> bool | None:
 
     The answer is from the one place the key `"stream"` appears: no `"stream"` at all is
     False; `"stream"` once, as a key, with `true` or `false` after it is that. Otherwise, or
-    when `stream_options` is there too (to be merged, not added) or the body is no object,
-    None: only parsing can tell. A JSON string cannot hold `"stream"` unescaped, so a lone
-    match is a key, but it may be a nested object's: then the request asks for no stream at
-    all, and a True here is wrong; `_relay` finds out if the upstream refuses the option and
-    sends the request again as it came.
+    when `stream_options` is there too (to be merged, not added) or the body does not start
+    with `{`, None: only parsing can tell. A JSON string cannot hold `"stream"` unescaped, so
+    a lone match is a key, but it may be a nested object's: then the request asks for no
+    stream at all, and a True here is wrong; `_relay` sends the request again as it came if
+    the upstream refuses it (400), and an upstream that takes the option answers no stream,
+    so nothing is withheld. (A key spelled with escapes, `"str\\u0065am"`, reads as no stream
+    and gets no usage asked for: clients do not write keys so.)
     """
     if b'"stream_options"' in body:
         return None
@@ -491,7 +494,7 @@ def asks_for_stream(body: bytes) -> bool | None:
     value = value[1:].lstrip()
     if value.startswith(b"false"):
         return False
-    if value.startswith(b"true") and body.rstrip().endswith(b"}") and body.lstrip()[:1] == b"{":
+    if value.startswith(b"true") and body[:1] == b"{" and body.rstrip().endswith(b"}"):
         return True
     return None
 

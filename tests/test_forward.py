@@ -15,6 +15,7 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -239,6 +240,25 @@ async def test_a_stream_key_of_a_nested_object_asks_for_no_stream(
     assert (exchange.status, exchange.outcome, exchange.stream) == (200, "ok", False)
     assert exchange.request_body == sent and exchange.usage_source == "reported"
 
+    # Any other refusal is the client's answer, sent once; an upstream that takes the option
+    # answers no stream, and its usage is its own.
+    async def busy(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "slow down"}}, status=429)
+
+    async def lenient(request: web.Request) -> web.Response:
+        return web.json_response(upstream.completion)
+
+    for recorded, (handler, status, source) in enumerate(
+        ((busy, 429, None), (lenient, 200, "reported")), start=2
+    ):
+        upstream.override = handler
+        before = len(upstream.seen)
+        async with aiohttp.ClientSession() as session, session.post(url, data=sent) as response:
+            assert response.status == status
+        assert len(upstream.seen) == before + 1
+        exchange = (await proxy.recorder.wait_for(recorded))[-1]
+        assert (exchange.status, exchange.usage_source) == (status, source)
+
 
 _KEYS = st.sampled_from(["stream", "stream_options", "model", 'say "stream', "n"]) | st.text(
     max_size=4
@@ -281,6 +301,7 @@ def test_reading_stream_off_the_bytes_answers_the_usual_bodies() -> None:
     assert asks_for_stream(b'{"mode":"stream"}') is None
     assert asks_for_stream(b'{"stream":1}') is None
     assert asks_for_stream(b'["stream":true]') is None
+    assert asks_for_stream(b' {"stream":true}') is None  # parsing reads no object there
 
 
 def _received(sock: Any) -> int:
