@@ -147,29 +147,29 @@ class _Record:
     (bench/) when done before the request went upstream, and about as much when scheduled for
     while the upstream works (~7 us to schedule, ~14 more until the answer was in: the proxy
     and the upstream share two cores). Until the first piece of the answer has gone to the
-    client the proxy keeps what the record needs here;
-    `exchange()` makes the record the first time it is asked for: by the tee, a moment after
-    that piece was written, or by whatever ends the exchange sooner (a request that fails
-    before it goes upstream). The id is minted when the request arrives (`id`), so ids sort
-    as requests came. The decoded path and the query are filled in by `_conclude`.
+    client the proxy keeps what the record needs here; `exchange()` makes the record the
+    first time it is asked for: by the tee, a moment after that piece was written, or by
+    whatever ends the exchange sooner (a request that fails before it goes upstream). The id
+    is minted when the request arrives (`id`), so ids sort as requests came. The decoded path
+    and the query are filled in by `_conclude`.
     """
 
     __slots__ = (
         "_answer",
         "_began",
         "_exchange",
-        "_id",
         "_method",
         "_rest",
         "_upstream",
         "body",
+        "id",
         "payload",
     )
 
     def __init__(
         self, place: int, method: str, upstream: Upstream, rest: str, began: float
     ) -> None:
-        self._id = format_id(place)
+        self.id = format_id(place)
         self._method = method
         self._upstream = upstream
         self._rest = rest
@@ -179,10 +179,6 @@ class _Record:
         self.body: bytes | None = None
         self.payload: Any = None
         """The request body parsed, when the proxy had to read it; else `_conclude` does."""
-
-    @property
-    def id(self) -> str:
-        return self._id
 
     def answered(self, ttfb_ms: float, response: aiohttp.ClientResponse, content_type: str) -> None:
         """The upstream's answer has come: what the record says of it, filled in when the
@@ -200,7 +196,7 @@ class _Record:
                 "",
                 "",
                 upstream.name,
-                exchange_id=self._id,
+                exchange_id=self.id,
                 started_at=self._began,
             )
             exchange.request_body = self.body
@@ -281,8 +277,7 @@ async def _relay(
             if isinstance(payload, dict) and payload.get("stream") is True:
                 body, injected = _ask_for_usage(payload, body)
         elif streaming:
-            body, injected = body.rstrip()[:-1] + _USAGE_OPTION, True
-            guessed = True
+            body, injected, guessed = _with_usage_option(body), True, True
 
     url = URL(upstream.base_url + rest, encoded=True)
     session = request.app[APP_SESSION]
@@ -499,6 +494,11 @@ def asks_for_stream(body: bytes) -> bool | None:
     return None
 
 
+def _with_usage_option(body: bytes) -> bytes:
+    """A JSON object's bytes with `stream_options.include_usage` added after its last key."""
+    return body.rstrip()[:-1] + _USAGE_OPTION
+
+
 def _wants_stream(record: _Record) -> bool:
     """What parsing says `asks_for_stream` guessed: the body asks for a stream."""
     if record.payload is None:
@@ -516,7 +516,7 @@ def _ask_for_usage(payload: dict[str, Any], body: bytes) -> tuple[bytes, bool]:
     `body` parsed, so the body is an object ending in `}`.
     """
     if "stream_options" not in payload:
-        return body.rstrip()[:-1] + _USAGE_OPTION, True
+        return _with_usage_option(body), True
     options = payload.get("stream_options")
     if options is None:
         options = {}

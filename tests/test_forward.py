@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from yarl import URL
 
 from proxy.exchange import Exchange
 from proxy.forward import asks_for_stream
@@ -330,8 +331,8 @@ async def test_the_record_is_made_once_the_answer_is_on_its_way_to_the_client(
         return start(*args, **kwargs)
 
     monkeypatch.setattr(Exchange, "start", watched_start)
-    host, port = proxy.base_url.split("//")[1].split("/")[0].split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    address = URL(proxy.base_url)
+    reader, writer = await asyncio.open_connection(address.host, address.port)
     client_socket.append(writer.get_extra_info("socket"))
     ids = []
     for stream in (b"false", b"true"):
