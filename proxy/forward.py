@@ -459,7 +459,10 @@ def _parse_json_body(body: bytes) -> Any:
 
 
 _USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
-_STREAM_KEY = b'"stream"'
+_STREAM = b'"stream'
+READ_LIMIT = 8 * 1024
+"""Bodies up to this many bytes have "stream" read off their bytes; longer ones are parsed
+(`asks_for_stream`)."""
 
 
 def asks_for_stream(body: bytes) -> bool | None:
@@ -468,22 +471,35 @@ def asks_for_stream(body: bytes) -> bool | None:
 
     The answer is from the one place the key `"stream"` appears: no `"stream"` at all is
     False; `"stream"` once, as a key, with `true` or `false` after it is that. Otherwise, or
-    when `stream_options` is there too (to be merged, not added) or the body does not start
+    when `"stream_options"` is there too (to be merged, not added) or the body does not start
     with `{`, None: only parsing can tell. A JSON string cannot hold `"stream"` unescaped, so
     a lone match is a key, but it may be a nested object's: then the request asks for no
     stream at all, and a True here is wrong; `_relay` sends the request again as it came if
     the upstream refuses it (400), and an upstream that takes the option answers no stream,
     so nothing is withheld. (A key spelled with escapes, `"str\\u0065am"`, reads as no stream
     and gets no usage asked for: clients do not write keys so.)
+
+    One pass over the bytes finds both keys. Past `READ_LIMIT` bytes, None: searching costs
+    ~0.35 ns a byte here, twice what parsing costs (a 50 KB body: ~18 us against ~10), and
+    the record parses the body anyway, so a long body is parsed once, up front.
     """
-    if b'"stream_options"' in body:
+    if len(body) > READ_LIMIT:
         return None
-    at = body.find(_STREAM_KEY)
-    if at == -1:
+    key = -1
+    at = body.find(_STREAM)
+    while at != -1:
+        after = at + len(_STREAM)
+        follows = body[after : after + 1]
+        if follows == b'"':
+            if key != -1 or body[at - 1 : at] == b"\\":
+                return None
+            key = at
+        elif follows == b"_" and body.startswith(b'_options"', after):
+            return None
+        at = body.find(_STREAM, after)
+    if key == -1:
         return False
-    if body.find(_STREAM_KEY, at + 1) != -1 or body[at - 1 : at] == b"\\":
-        return None
-    value = body[at + len(_STREAM_KEY) : at + 40].lstrip()
+    value = body[key + len(_STREAM) + 1 : key + 40].lstrip()
     if value[:1] != b":":
         return None  # a string value "stream", not the key
     value = value[1:].lstrip()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from proxy.exchange import Exchange
-from proxy.forward import asks_for_stream
+from proxy.forward import READ_LIMIT, asks_for_stream
 
 from .conftest import FakeUpstream, RunningProxy, Sdk, completion
 
@@ -203,6 +203,11 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
                 b'{"model":"m","stream":true,"stream_options":null}',
                 b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}',
             ),
+            (  # long enough to be parsed rather than read: the same bytes go up
+                b'{"model":"m","prompt":"' + b"x" * READ_LIMIT + b'", "stream":true}',
+                b'{"model":"m","prompt":"' + b"x" * READ_LIMIT + b'", "stream":true'
+                b',"stream_options":{"include_usage":true}}',
+            ),
         ):
             async with session.post(f"{proxy.base_url}/chat/completions", data=sent) as response:
                 await response.read()
@@ -303,6 +308,10 @@ def test_reading_stream_off_the_bytes_answers_the_usual_bodies() -> None:
     assert asks_for_stream(b'{"stream":1}') is None
     assert asks_for_stream(b'["stream":true]') is None
     assert asks_for_stream(b' {"stream":true}') is None  # parsing reads no object there
+    assert asks_for_stream(b'{"a":"\\"stream","stream":true}') is None  # an escaped quote
+    assert asks_for_stream(b'{"streaming":1,"stream":false}') is False
+    long = b'{"messages":[{"content":"' + b"x" * READ_LIMIT + b'"}],"stream":true}'
+    assert asks_for_stream(long) is None  # parsed: searching costs more than parsing there
 
 
 def _received(sock: Any) -> int:
