@@ -14,6 +14,7 @@ same function on stored rows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -22,7 +23,6 @@ from typing import Any, NamedTuple
 
 import asyncpg  # type: ignore[import-untyped]
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..exchange import Exchange
@@ -359,8 +359,14 @@ async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     by_id = unique(batch)
     if not by_id:
         return 0
-    known = await conn.execute(sa.select(t.exchanges.c.id).where(t.exchanges.c.id.in_(by_id)))
-    stored = set(known.scalars())
+    if conn.dialect.name == "postgresql":
+        # One array parameter: an IN list is rendered anew, a placeholder per id, each batch.
+        driver = await _driver(conn)
+        found = await driver.fetch(PG_STORED_IDS, list(by_id))
+        stored = {row[0] for row in found}
+    else:
+        known = await conn.execute(sa.select(t.exchanges.c.id).where(t.exchanges.c.id.in_(by_id)))
+        stored = set(known.scalars())
     fresh = [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]
     for table, rows in table_rows(fresh):
         await _bulk_insert(conn, table, rows)
@@ -409,14 +415,10 @@ async def _bulk_insert(conn: AsyncConnection, table: sa.Table, records: list[Rec
     thread, which cost more than SQLite's own work (bench/bench_record.py, bench/).
     """
     if conn.dialect.name == "postgresql":
-        raw = await conn.get_raw_connection()
-        driver: asyncpg.Connection = raw.driver_connection
+        driver = await _driver(conn)
         columns = _layout(table).columns
-        try:
+        with _refused_as_value_error():
             await driver.copy_records_to_table(table.name, records=records, columns=columns)
-        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
-            # The data's fault, not the database's: the recorder sets such records aside.
-            raise ValueError(f"{type(exc).__name__}: {exc}") from exc
     else:
         for sql, params in sqlite_inserts(table, records):
             await conn.exec_driver_sql(sql, params)
@@ -478,6 +480,18 @@ ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
 """The fingerprint upsert on SQLite; times are text that sorts as time, so min/max work."""
 
 
+PG_COUNT_FINGERPRINTS = """\
+INSERT INTO fingerprints (upstream, model, system_fingerprint, first_seen, last_seen, count)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
+    count = fingerprints.count + excluded.count,
+    first_seen = least(fingerprints.first_seen, excluded.first_seen),
+    last_seen = greatest(fingerprints.last_seen, excluded.last_seen)"""
+"""The same upsert on PostgreSQL, sent as it is: SQLAlchemy compiled its construct anew for
+every batch, which cost more than the rest of the batch's statements (bench/)."""
+PG_STORED_IDS = "SELECT id FROM exchanges WHERE id = ANY($1::varchar[])"
+
+
 def sqlite_fingerprint_params(rows: list[Row]) -> list[tuple[Any, ...]]:
     return [
         (
@@ -499,21 +513,35 @@ async def _count_fingerprints(conn: AsyncConnection, seen: list[Row]) -> None:
     if conn.dialect.name != "postgresql":
         await conn.exec_driver_sql(SQLITE_COUNT_FINGERPRINTS, sqlite_fingerprint_params(merged))
         return
-    fp = t.fingerprints
-    insert = postgresql.insert(fp)
-    excluded = insert.excluded
-    upsert = insert.on_conflict_do_update(
-        index_elements=["upstream", "model", "system_fingerprint"],
-        set_={
-            "count": fp.c.count + excluded.count,
-            "first_seen": sa.case(
-                (excluded.first_seen < fp.c.first_seen, excluded.first_seen),
-                else_=fp.c.first_seen,
-            ),
-            "last_seen": sa.case(
-                (excluded.last_seen > fp.c.last_seen, excluded.last_seen),
-                else_=fp.c.last_seen,
-            ),
-        },
-    )
-    await conn.execute(upsert, merged)
+    driver = await _driver(conn)
+    with _refused_as_value_error():
+        await driver.executemany(
+            PG_COUNT_FINGERPRINTS,
+            [
+                (
+                    row["upstream"],
+                    row["model"],
+                    row["system_fingerprint"],
+                    row["first_seen"],
+                    row["last_seen"],
+                    row["count"],
+                )
+                for row in merged
+            ],
+        )
+
+
+@contextmanager
+def _refused_as_value_error() -> Iterator[None]:
+    """asyncpg's errors about the data, not the database, as the ValueError the recorder
+    takes for a record to set aside (SQLAlchemy wraps them in its own DataError otherwise)."""
+    try:
+        yield
+    except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+
+
+async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
+    """The asyncpg connection under `conn`, inside the same transaction."""
+    raw = await conn.get_raw_connection()
+    return raw.driver_connection
