@@ -302,12 +302,23 @@ async def test_corrupt_spool_lines_are_set_aside(
     assert spool_files(tmp_path) == ["records.spool.bad"]
 
 
+def _poisoned(where: str) -> Exchange:
+    """A record with a value no database takes (a lone surrogate) in its exchange row, the
+    first table a batch writes, or in a choice row, written after the exchange rows."""
+    if where == "exchange":
+        return chat_exchange(user="bad \ud800 surrogate")
+    ex = chat_exchange()  # the body as received stays valid; the parsed choice does not
+    ex.response_json["choices"][0]["message"]["content"] = "bad \ud800 surrogate"
+    return ex
+
+
+@pytest.mark.parametrize("where", ["exchange", "choice"])
 async def test_a_record_the_database_refuses_does_not_block_the_rest(
-    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:
     await upgrade(db_url)
     recorder = await started(config(db_url, tmp_path, batch_interval=0.2))
-    poisoned = chat_exchange(user="bad \ud800 surrogate")
+    poisoned = _poisoned(where)
     fine = [chat_exchange(), chat_exchange()]
     for ex in (fine[0], poisoned, fine[1]):  # one batch
         recorder.record(ex)

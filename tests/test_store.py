@@ -247,6 +247,16 @@ def _utc(value: Any) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+async def test_a_batch_is_written_in_the_callers_transaction(engine: AsyncEngine) -> None:
+    before = await counts(engine)
+    with pytest.raises(RuntimeError):
+        async with engine.begin() as conn:
+            await write_rows(conn, [rows_for(chat_exchange(logprobs=["a"])) for _ in range(3)])
+            raise RuntimeError("after the batch, before its commit")
+    assert await counts(engine) == before
+    assert await rows(engine, "SELECT count(*) FROM fingerprints") == [(0,)]
+
+
 async def test_writing_the_same_exchanges_again_writes_nothing(engine: AsyncEngine) -> None:
     batch = [chat_exchange(logprobs=["a", "b"], tags={"k": "v"}) for _ in range(5)]
     assert await write(engine, batch + batch[:2]) == 5  # duplicates inside one batch too

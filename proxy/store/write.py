@@ -361,9 +361,10 @@ async def write_rows(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
         return 0
     if conn.dialect.name == "postgresql":
         # One array parameter: an IN list is rendered anew, a placeholder per id, each batch.
-        driver = await _driver(conn)
-        found = await driver.fetch(PG_STORED_IDS, list(by_id))
-        stored = {row[0] for row in found}
+        # Through SQLAlchemy's driver path, not asyncpg's: its first statement is what opens
+        # the transaction that the raw COPYs and the upsert after it then run in.
+        found = await conn.exec_driver_sql(PG_STORED_IDS, (list(by_id),))
+        stored = set(found.scalars())
     else:
         known = await conn.execute(sa.select(t.exchanges.c.id).where(t.exchanges.c.id.in_(by_id)))
         stored = set(known.scalars())
@@ -542,6 +543,13 @@ def _refused_as_value_error() -> Iterator[None]:
 
 
 async def _driver(conn: AsyncConnection) -> asyncpg.Connection:
-    """The asyncpg connection under `conn`, inside the same transaction."""
+    """The asyncpg connection under `conn`, for statements of the transaction `conn` is in.
+
+    SQLAlchemy opens that transaction with its first statement through its own driver path
+    (`write_rows` asks which ids are stored that way); asyncpg calls made before it would each
+    commit on their own, so that is checked here."""
     raw = await conn.get_raw_connection()
-    return raw.driver_connection
+    driver: asyncpg.Connection = raw.driver_connection
+    if not driver.is_in_transaction():
+        raise RuntimeError("asyncpg used before the batch's transaction was opened")
+    return driver
