@@ -251,7 +251,8 @@ async def test_a_batch_is_written_in_the_callers_transaction(engine: AsyncEngine
     before = await counts(engine)
     with pytest.raises(RuntimeError):
         async with engine.begin() as conn:
-            await write_rows(conn, [rows_for(chat_exchange(logprobs=["a"])) for _ in range(3)])
+            batch = [rows_for(chat_exchange(logprobs=["a"])) for _ in range(3)]
+            assert await write_rows(conn, batch) == 3  # written, inside the transaction
             raise RuntimeError("after the batch, before its commit")
     assert await counts(engine) == before
     assert await rows(engine, "SELECT count(*) FROM fingerprints") == [(0,)]
