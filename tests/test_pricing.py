@@ -10,6 +10,7 @@ import math
 import re
 import tomllib
 from datetime import date
+from fractions import Fraction
 from importlib import resources
 from typing import Any
 
@@ -166,6 +167,54 @@ def test_cost_of_clamps_tokens_built_by_hand() -> None:
         prompt=10, cached=50, completion=0, reasoning=0, audio_prompt=0, audio_completion=0
     )
     assert cost_of(price, over) == pytest.approx(10 * 0.5 / M, abs=1e-15)
+
+
+_rates = st.one_of(
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    st.decimals(min_value=0, max_value=1000, places=6).map(float),
+    st.sampled_from([0.0, 1e-300, 5e-324, 1e300, 0.1 + 0.2]),
+)
+
+
+@given(
+    st.tuples(_rates, st.none() | _rates, _rates, st.none() | _rates, st.none() | _rates),
+    st.integers(0, 10**12),
+    st.integers(0, 10**12),
+    st.integers(0, 10**12),
+    st.integers(0, 10**12),
+    st.integers(0, 10**12),
+)
+def test_a_cost_is_the_float_nearest_the_exact_amount(
+    rates: tuple[float, float | None, float, float | None, float | None],
+    prompt: int,
+    completion: int,
+    cached: int,
+    audio_in: int,
+    audio_out: int,
+) -> None:
+    """Against exact fractions of the rates as written (their shortest repr)."""
+    price = Price("k", *rates)
+    cached, audio_in, audio_out = (
+        min(cached, prompt),
+        min(audio_in, prompt),
+        min(audio_out, completion),
+    )
+    audio_in = min(audio_in, prompt - cached) if price.audio_input is not None else 0
+    audio_out = audio_out if price.audio_output is not None else 0
+    tokens = Tokens(prompt, cached, completion, 0, audio_in, audio_out)
+
+    def exact(rate: float | None) -> Fraction:
+        return Fraction(repr(rate))
+
+    cached_rate = price.input if price.cached_input is None else price.cached_input
+    amount = (
+        (prompt - cached - audio_in) * exact(price.input)
+        + cached * exact(cached_rate)
+        + (completion - audio_out) * exact(price.output)
+        + (audio_in * exact(price.audio_input) if audio_in else 0)
+        + (audio_out * exact(price.audio_output) if audio_out else 0)
+    )
+    assert cost_of(price, tokens) == float(amount / M)
 
 
 # --- unknown model, missing usage -------------------------------------------------------
