@@ -13,6 +13,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import re
 import time
 from typing import Any
 
@@ -460,6 +461,9 @@ def _parse_json_body(body: bytes) -> Any:
 
 _USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
 _STREAM = b'"stream'
+_ESCAPED_KEY_CHAR = re.compile(rb"\\u00[5-7]")
+"""A `\\u` escape of a character that "stream_options" is spelled with (or its neighbours
+in ASCII): a key spelled so is found only by parsing."""
 READ_LIMIT = 8 * 1024
 """Bodies up to this many bytes have "stream" read off their bytes; longer ones are parsed
 (`asks_for_stream`)."""
@@ -476,14 +480,15 @@ def asks_for_stream(body: bytes) -> bool | None:
     a lone match is a key, but it may be a nested object's: then the request asks for no
     stream at all, and a True here is wrong; `_relay` sends the request again as it came if
     the upstream refuses it (400), and an upstream that takes the option answers no stream,
-    so nothing is withheld. (A key spelled with escapes, `"str\\u0065am"`, reads as no stream
-    and gets no usage asked for: clients do not write keys so.)
+    so nothing is withheld. A body with a `\\u` escape of a lowercase letter or `_` is
+    parsed: JSON may spell a key so (`"str\\u0065am"`), and searching for the plain key
+    would miss it; the look for a backslash first costs ~0.1 us.
 
     One pass over the bytes finds both keys. Past `READ_LIMIT` bytes, None: searching costs
     ~0.35 ns a byte here, twice what parsing costs (a 50 KB body: ~18 us against ~10), and
     the record parses the body anyway, so a long body is parsed once, up front.
     """
-    if len(body) > READ_LIMIT:
+    if len(body) > READ_LIMIT or (b"\\" in body and _ESCAPED_KEY_CHAR.search(body)):
         return None
     key = -1
     at = body.find(_STREAM)

@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
@@ -203,6 +203,10 @@ async def test_upstream_is_asked_for_usage_only_when_the_client_did_not(
                 b'{"model":"m","stream":true,"stream_options":null}',
                 b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}',
             ),
+            (  # the key spelled with an escape: parsed, so still a stream that gets usage
+                b'{"model":"m","str\\u0065am":true}',
+                b'{"model":"m","str\\u0065am":true,"stream_options":{"include_usage":true}}',
+            ),
             (  # long enough to be parsed rather than read: the same bytes go up
                 b'{"model":"m","prompt":"' + b"x" * READ_LIMIT + b'", "stream":true}',
                 b'{"model":"m","prompt":"' + b"x" * READ_LIMIT + b'", "stream":true'
@@ -274,18 +278,40 @@ _JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
     max_leaves=8,
 )
+
+
+def _escaping_letters(value: Any) -> bytes:
+    """JSON as a client may write it: every a-z inside strings and keys as a \\u escape."""
+    text = json.dumps(value)
+    out, inside, at = [], False, 0
+    while at < len(text):
+        char = text[at]
+        if inside and char == "\\":  # an escape stays as it is (\uXXXX is 6 characters)
+            size = 6 if text[at + 1] == "u" else 2
+            out.append(text[at : at + size])
+            at += size
+            continue
+        if char == '"':
+            inside = not inside
+        out.append(f"\\u{ord(char):04x}" if inside and "a" <= char <= "z" else char)
+        at += 1
+    return "".join(out).encode()
+
+
 _DUMPS = st.sampled_from(
     [
         orjson.dumps,
         lambda v: json.dumps(v).encode(),
         lambda v: json.dumps(v, indent=2, ensure_ascii=False).encode(),
         lambda v: b" \n" + json.dumps(v, separators=(" , ", " : ")).encode() + b"\n",
+        _escaping_letters,
     ]
 )
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.dictionaries(_KEYS, _JSON, max_size=5), _DUMPS)
+@example({"model": "m", "stream": True}, _escaping_letters)
 def test_reading_stream_off_the_bytes_agrees_with_parsing(
     payload: dict[str, Any], dumps: Callable[[Any], bytes]
 ) -> None:
@@ -309,6 +335,8 @@ def test_reading_stream_off_the_bytes_answers_the_usual_bodies() -> None:
     assert asks_for_stream(b'["stream":true]') is None
     assert asks_for_stream(b' {"stream":true}') is None  # parsing reads no object there
     assert asks_for_stream(b'{"a":"\\"stream","stream":true}') is None  # an escaped quote
+    assert asks_for_stream(b'{"str\\u0065am":true}') is None  # the key with an escape
+    assert asks_for_stream(b'{"stream":true,"stream_\\u006fptions":{}}') is None
     assert asks_for_stream(b'{"streaming":1,"stream":false}') is False
     long = b'{"messages":[{"content":"' + b"x" * READ_LIMIT + b'"}],"stream":true}'
     assert asks_for_stream(long) is None  # parsed: searching costs more than parsing there
