@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sqlite3
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from proxy.dbrecorder import DatabaseRecorder
 from proxy.store import upgrade
 from proxy.store.engine import SQLITE_PAGE_SIZE
 from proxy.store.sqlite_writer import SqliteWriter
-from proxy.store.write import rows_for
+from proxy.store.write import rows_for, sqlite_null, table_rows
 
 from .dbs import chat_exchange, sqlite_url
 from .test_recorder import assert_stored_once, config, spool_files, started
@@ -70,6 +71,39 @@ async def test_an_existing_database_keeps_its_page_size_and_is_written(tmp_path:
     assert page_size_and_mode(path) == (4096, "wal")
     with contextlib.closing(sqlite3.connect(path)) as con:
         assert con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 1
+
+
+def test_sqlite_stores_the_fast_null_as_null() -> None:
+    # The writer binds NaN for None (cheaper in Python 3.11's sqlite3); if this SQLite stored it
+    # as anything but NULL the fast path would be off and None bound instead.
+    null = sqlite_null()
+    assert null is not None and math.isnan(null)
+
+
+async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) -> None:
+    ex = chat_exchange(fingerprint=None)
+    ex.response_json["choices"][0]["message"]["content"] = None  # a tool-call-only answer
+    rows = rows_for(ex)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    try:
+        assert await writer.write([rows]) == 1
+    finally:
+        await writer.close()
+    sent = dict(table_rows([rows]))
+    assert len(sent) == 4  # exchanges, completions, choices, usage
+    with contextlib.closing(sqlite3.connect(db_path)) as con:
+        for table, records in sent.items():
+            names = [c.name for c in table.columns]
+            types = con.execute(
+                f"SELECT {', '.join(f'typeof({n})' for n in names)} FROM {table.name}"
+            ).fetchone()
+            for name, value, stored in zip(names, records[0], types, strict=True):
+                if value is None:
+                    assert stored == "null", f"{table.name}.{name}"
+                elif isinstance(value, bool):
+                    assert stored == "integer", f"{table.name}.{name}"
+        flags = "stream, request_omitted, response_omitted"
+        assert con.execute(f"SELECT {flags} FROM exchanges").fetchone() == (0, 0, 0)
 
 
 class Ticker:
