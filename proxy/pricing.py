@@ -127,7 +127,7 @@ def _count(value: Any) -> int | None:
 
 def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
     # `isinstance(x, Mapping)` goes through the ABC machinery; JSON gives plain dicts.
-    return type(value) is dict or isinstance(value, Mapping)
+    return type(value) is dict or (value is not None and isinstance(value, Mapping))
 
 
 def _detail(usage: Mapping[str, Any], tables: tuple[str, ...], name: str) -> int:
@@ -137,13 +137,6 @@ def _detail(usage: Mapping[str, Any], tables: tuple[str, ...], name: str) -> int
             found = _count(details.get(name))
             if found is not None:
                 return found
-    return 0
-
-
-def _one_detail(details: Any, name: str) -> int:
-    """A count from one details table (chat/completions usage has one of each)."""
-    if type(details) is dict or _is_mapping(details):
-        return _count(details.get(name)) or 0
     return 0
 
 
@@ -157,16 +150,18 @@ def normalize_usage(usage: Mapping[str, Any] | None) -> Tokens | None:
     prompt = _count(usage.get("prompt_tokens"))
     if prompt is not None:  # chat/completions, legacy completions, embeddings
         completion = _count(usage.get("completion_tokens")) or 0
+        # Each details table read once, the tuple built by position: the recorder prices
+        # every exchange, and this was most of what pricing one cost (bench/).
+        cached = audio_prompt = reasoning = audio_completion = 0
         inputs = usage.get("prompt_tokens_details")
+        if _is_mapping(inputs):
+            cached = min(_count(inputs.get("cached_tokens")) or 0, prompt)
+            audio_prompt = min(_count(inputs.get("audio_tokens")) or 0, prompt)
         outputs = usage.get("completion_tokens_details")
-        return Tokens(
-            prompt=prompt,
-            cached=min(_one_detail(inputs, "cached_tokens"), prompt),
-            completion=completion,
-            reasoning=min(_one_detail(outputs, "reasoning_tokens"), completion),
-            audio_prompt=min(_one_detail(inputs, "audio_tokens"), prompt),
-            audio_completion=min(_one_detail(outputs, "audio_tokens"), completion),
-        )
+        if _is_mapping(outputs):
+            reasoning = min(_count(outputs.get("reasoning_tokens")) or 0, completion)
+            audio_completion = min(_count(outputs.get("audio_tokens")) or 0, completion)
+        return Tokens(prompt, cached, completion, reasoning, audio_prompt, audio_completion)
     # Responses API; the Realtime and transcription shapes say "token_details"
     prompt = _count(usage.get("input_tokens"))
     if prompt is None:
