@@ -14,7 +14,7 @@ same function on stored rows.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -387,10 +387,9 @@ def _sqlite_time(value: datetime) -> str:
 
 class _Layout(NamedTuple):
     columns: list[str]
-    time_at: list[int]
-    """Positions of the time columns, which SQLite gets as text."""
-    bool_at: list[int]
-    """Positions of the boolean columns, which SQLite gets as 0 and 1 (`sqlite_inserts`)."""
+    convert_at: list[tuple[int, Callable[[Any], Any]]]
+    """(position, converter) of the columns SQLite gets in another type than the rows hold:
+    times as text, booleans as 0 and 1 (`sqlite_inserts`)."""
     insert: str
     """`INSERT INTO "table" ("a", "b", ...) VALUES ` for SQLite; row placeholders follow."""
     row: str
@@ -404,8 +403,11 @@ def _layout(table: sa.Table) -> _Layout:
     names = ", ".join(f'"{name}"' for name in columns)
     return _Layout(
         columns=columns,
-        time_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.DateTime)],
-        bool_at=[i for i, c in enumerate(table.columns) if isinstance(c.type, sa.Boolean)],
+        convert_at=[
+            (i, _sqlite_time if isinstance(c.type, sa.DateTime) else int)
+            for i, c in enumerate(table.columns)
+            if isinstance(c.type, sa.DateTime | sa.Boolean)
+        ],
         insert=f'INSERT INTO "{table.name}" ({names}) VALUES ',
         row="(" + ", ".join("?" * len(columns)) + ")",
     )
@@ -444,15 +446,10 @@ def sqlite_inserts(table: sa.Table, records: list[Record]) -> Iterator[tuple[str
         chunk = records[start : start + per]
         params: list[Any] = [null if v is None else v for v in chain.from_iterable(chunk)]
         width = len(chunk[0])
-        for i in layout.time_at:
+        for i, convert in layout.convert_at:
             for at in range(i, len(params), width):
                 if params[at] is not null:
-                    params[at] = _sqlite_time(params[at])
-        for i in layout.bool_at:
-            for at in range(i, len(params), width):
-                value = params[at]
-                if value is True or value is False:
-                    params[at] = int(value)
+                    params[at] = convert(params[at])
         yield _sqlite_insert(table, len(chunk)), tuple(params)
 
 
