@@ -24,6 +24,7 @@ from yarl import URL
 
 from .config import Config, Upstream
 from .exchange import Exchange, format_id, id_place
+from .forms import FORM_KEYS, form_fields
 from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .recorder import Recorder
@@ -432,10 +433,12 @@ def _describe_request(exchange: Exchange, headers: Any) -> None:
     payload = exchange.request_json
     if payload is None and exchange.request_body:
         payload = exchange.request_json = _parse_json_body(exchange.request_body)
+    if payload is None and exchange.request_body:  # an upload names its model in a form field
+        payload = form_fields(exchange.request_body, headers.get("Content-Type", ""), FORM_KEYS)
     if isinstance(payload, dict):
         model = payload.get("model")
         exchange.model = model if isinstance(model, str) else None
-        exchange.stream = exchange.stream or payload.get("stream") is True
+        exchange.stream = exchange.stream or payload.get("stream") in (True, "true")
         user = payload.get("user") or payload.get("safety_identifier")
         exchange.user = controls.user or (user if isinstance(user, str) else None)
 
