@@ -95,7 +95,9 @@ class Exchange:
     ttfb_ms: float | None = None
     """Time from request arrival to the upstream's response headers."""
     ttft_ms: float | None = None
-    """Time from request arrival to the first generated token (streams only)."""
+    """Time from request arrival to the first generated token of any kind reaching the proxy
+    (streams only): output text, refusal, tool-call name or arguments, audio, or reasoning
+    (summary or reasoning text, chat `reasoning_content`), whichever comes first."""
     duration_ms: float | None = None
     chunks: int = 0
     """SSE data events received from the upstream (including `[DONE]`)."""
