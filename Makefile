@@ -14,8 +14,8 @@ serve: $(BIN)/.installed
 	$(BIN)/flightrec serve $(ARGS)
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check proxy tests bench migrations
-	$(BIN)/ruff format --check proxy tests bench migrations
+	$(BIN)/ruff check proxy tests bench migrations tools
+	$(BIN)/ruff format --check proxy tests bench migrations tools
 	$(BIN)/mypy
 
 test: lint
