@@ -12,8 +12,9 @@ one event per read (how token streams arrive):
   weak validity check and `ChatCompletionStreamState.handle_chunk` as `ChatCompletionStream`
   does, consuming the events it builds, and `get_final_completion()` at the end.
 
-Workloads: the real OpenAI captures when /work/shared/captures is there, and a generated
-stream (n=3, logprobs with top_logprobs, parallel tool calls) so the bench runs anywhere.
+Workloads: the real OpenAI captures when `../shared/captures` is beside the checkout, and a
+generated stream (n=3, logprobs with top_logprobs, parallel tool calls) so the bench runs
+anywhere.
 Timing is timeit-style: the best of several repeats, both sides in the same run.
 """
 
@@ -38,7 +39,7 @@ from openai.types.chat import ChatCompletionChunk
 from proxy.assemble import ChatAssembler
 from proxy.sse import SSEParser
 
-CAPTURES = Path("/work/shared/captures/openai-python")
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures" / "openai-python"
 GOAL_US, GOAL_RATIO = 10.0, 20.0
 
 Reads = list[bytes]

@@ -31,6 +31,16 @@ settings.register_profile("flightrec", deadline=None)
 settings.load_profile("flightrec")
 
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures" / "openai-python"
+"""Real OpenAI streams, found beside the checkout (`<repo>/../shared`), never copied into it."""
+
+
+def captures() -> list[Any]:
+    """Each capture as a pytest param named after it; without the folder, one param that skips
+    and says where the captures were looked for."""
+    paths = sorted(CAPTURES.glob("*.sse")) if CAPTURES.is_dir() else []
+    if not paths:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"no captures in {CAPTURES}"))]
+    return [pytest.param(path, id=path.stem) for path in paths]
 
 
 def free_port() -> int:

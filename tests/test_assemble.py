@@ -17,7 +17,8 @@ from openai.types.chat import ChatCompletionChunk
 from proxy.assemble import ChatAssembler
 from proxy.sse import SSEParser
 
-CAPTURES = Path("/work/shared/captures/openai-python")
+from .conftest import CAPTURES, captures
+
 Json = dict[str, Any]
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
 
@@ -470,10 +471,6 @@ def test_chunks_are_not_mutated() -> None:
 # --- real OpenAI streams against the openai SDK -----------------------------------------------
 
 
-def _captures() -> list[Path]:
-    return sorted(CAPTURES.glob("*.sse")) if CAPTURES.is_dir() else []
-
-
 def _events(stream: bytes, rng: random.Random, max_piece: int) -> list[bytes]:
     parser = SSEParser()
     events = []
@@ -525,8 +522,7 @@ def _comparable(completion: Json) -> Json:
     return {**{k: completion.get(k) for k in keys}, "choices": choices}
 
 
-@pytest.mark.skipif(not _captures(), reason="captures folder absent")
-@pytest.mark.parametrize("path", _captures(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", captures())
 @pytest.mark.parametrize("max_piece", [1, 7, 100, 1 << 20])
 def test_captures_match_the_openai_sdk(path: Path, max_piece: int) -> None:
     stream = path.read_bytes()
@@ -543,7 +539,7 @@ def test_captures_match_the_openai_sdk(path: Path, max_piece: int) -> None:
     assert all(c["finish_reason"] for c in ours["choices"])
 
 
-@pytest.mark.skipif(not _captures(), reason="captures folder absent")
+@pytest.mark.skipif(not CAPTURES.is_dir(), reason=f"no captures in {CAPTURES}")
 def test_capture_with_three_interleaved_choices() -> None:
     # Independent of the SDK: what the captures README says of this stream.
     stream = (CAPTURES / "a0c4f0be184e.sse").read_bytes()

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.sse import Event, SSEParser
 
-CAPTURES = Path("/work/shared/captures/openai-python")
+from .conftest import captures
 
 # One stream with every quirk: BOM, keep-alive comments, CRLF, bare CR, a multi-byte UTF-8
 # payload, several data lines, event/id fields, no space after the colon, a field name
@@ -323,12 +323,7 @@ def test_reference_agrees_on_the_quirk_stream() -> None:
 # --- real OpenAI streams ---------------------------------------------------------------------
 
 
-def _captures() -> list[Path]:
-    return sorted(CAPTURES.glob("*.sse")) if CAPTURES.is_dir() else []
-
-
-@pytest.mark.skipif(not _captures(), reason="captures folder absent")
-@pytest.mark.parametrize("path", _captures(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", captures())
 def test_openai_captures(path: Path) -> None:
     stream = path.read_bytes()
     blocks = [block + b"\n\n" for block in stream.split(b"\n\n") if block]

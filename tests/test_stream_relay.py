@@ -19,7 +19,7 @@ from proxy.exchange import Exchange
 from proxy.later import Later
 from proxy.tee import StreamTee
 
-from .conftest import CAPTURES, FakeUpstream, RunningProxy
+from .conftest import FakeUpstream, RunningProxy, captures
 from .streamgen import chunks_to_sse
 
 UTF8_HEAVY = "Ünïcödé — 世界の皆さん、こんにちは 🚀🎉 ½ ∑ ñ"
@@ -172,12 +172,6 @@ async def test_client_disconnect_without_cancel_records_the_whole_completion(
     assert exchange.usage == upstream.completion["usage"]
 
 
-def _captures() -> list[Any]:
-    if not CAPTURES.is_dir():
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{CAPTURES} not present"))]
-    return [pytest.param(p, id=p.stem) for p in sorted(CAPTURES.glob("*.sse"))]
-
-
 def _sdk_accumulate(body: bytes) -> Any:
     """What the openai SDK's own accumulator builds from these SSE bytes."""
     from openai.lib.streaming.chat._completions import ChatCompletionStreamState
@@ -191,7 +185,7 @@ def _sdk_accumulate(body: bytes) -> Any:
     return state.get_final_completion()
 
 
-@pytest.mark.parametrize("capture", _captures())
+@pytest.mark.parametrize("capture", captures())
 @pytest.mark.parametrize("include_usage", [True, False])
 async def test_live_captures_pass_byte_exact_and_reassemble_like_the_sdk(
     upstream: FakeUpstream, proxy: RunningProxy, capture: Any, include_usage: bool
