@@ -1,18 +1,22 @@
-"""Real parts for the tests: a fake OpenAI upstream (a real aiohttp app on a free port) and the
-real proxy, built by `proxy.app` exactly as `flightrec serve` builds it, on another free port."""
+"""Real parts for the tests: a fake OpenAI upstream (a real aiohttp app) and the real proxy,
+built by `proxy.app` exactly as `flightrec serve` builds it, each on a port the system picks
+as it binds (`start_site`); a process a test starts gets a port held for it (`reserved_port`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import random
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -43,10 +47,42 @@ def captures() -> list[Any]:
     return [pytest.param(path, id=path.stem) for path in paths]
 
 
-def free_port() -> int:
+async def start_site(runner: web.AppRunner) -> str:
+    """Serve `runner` on a port the system picks; its root URL. The port is bound once, by
+    the server itself: no window in which another process could take it."""
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{site.port}"
+
+
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A port held bound (not listening) while the block runs. Nothing else is given it, a
+    connection to it is refused, and a server that binds with SO_REUSEADDR (aiohttp, so
+    `flightrec serve` and `playback`; `http.server`) may take it over and listen: how a test
+    hands a port to a process it starts."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):  # for servers that share the port (`--workers`)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        yield int(sock.getsockname()[1])
+
+
+async def wait_until_up(url: str, process: asyncio.subprocess.Process, within: float = 30) -> None:
+    """Until GET `url` answers 200; AssertionError when `process` exits first or after
+    `within` seconds."""
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as session:
+        while process.returncode is None and time.monotonic() < deadline:
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} did not come up (process exit status {process.returncode})")
 
 
 def completion(**overrides: Any) -> dict[str, Any]:
@@ -181,10 +217,7 @@ class FakeUpstream:
 async def _serve(app: web.Application, runner: web.AppRunner | None = None) -> tuple[str, Any]:
     runner = runner or web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    return f"http://127.0.0.1:{port}", runner
+    return await start_site(runner), runner
 
 
 @pytest.fixture

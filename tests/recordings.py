@@ -23,7 +23,7 @@ from proxy.config import Config, Upstream
 from proxy.dbrecorder import DatabaseRecorder
 from proxy.store import upgrade
 
-from .conftest import FakeUpstream, completion, free_port
+from .conftest import FakeUpstream, completion, start_site
 from .streamgen import chunks_to_sse, completion_to_chunks
 
 KEY = "sk-proj-replaySECRET0123456789abcdWXYZ"
@@ -95,9 +95,7 @@ async def fake_upstream(**fields: Any) -> AsyncIterator[FakeUpstream]:
     app.router.add_route("*", "/{tail:.*}", fake.handle)
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    fake.url = f"http://127.0.0.1:{port}/v1"
+    fake.url = await start_site(runner) + "/v1"
     try:
         yield fake
     finally:
@@ -129,9 +127,8 @@ async def record_two(config: Config) -> Recorded:
     app = build_app(config, DatabaseRecorder(config))
     runner = make_runner(app, config)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    url = await start_site(runner)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model="gpt-4o-mini",

@@ -19,6 +19,8 @@ from bench import load, procs, report
 from bench.__main__ import RESTARTS, Plan, alive, paired_groups, quiet_machine, run
 from bench.upstream import MockProtocol
 
+from .conftest import reserved_port
+
 TINY = Plan(
     rounds=1,
     seconds=10.0,  # a cap never reached: the counts are what is checked
@@ -115,26 +117,26 @@ def test_the_bench_waits_for_a_quiet_machine_but_not_for_ever(
 
 
 def test_a_target_that_dies_is_started_again(tmp_path: Path) -> None:
-    port = procs.free_port()
-    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
-    target = procs.Target("peer", "a peer that crashes", server, port, ready_path="/")
-    procs.start(target, tmp_path)
-    try:
-        procs.wait_ready(target)
-        assert target.process is not None
-        target.process.kill()
-        target.process.wait(5)
-        assert alive(target)  # started again, and answering
-        assert target.crashes == [-signal.SIGKILL]
-        assert target.process.poll() is None
-        for _ in range(RESTARTS):
+    with reserved_port() as port:  # held all along: the peer starts again on it (SO_REUSEADDR)
+        server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+        target = procs.Target("peer", "a peer that crashes", server, port, ready_path="/")
+        procs.start(target, tmp_path)
+        try:
+            procs.wait_ready(target)
+            assert target.process is not None
             target.process.kill()
             target.process.wait(5)
-            alive(target)
-        assert not alive(target)  # given up after RESTARTS
-        assert target.skipped and "exited during the bench" in target.skipped
-    finally:
-        procs.stop(target)
+            assert alive(target)  # started again, and answering
+            assert target.crashes == [-signal.SIGKILL]
+            assert target.process.poll() is None
+            for _ in range(RESTARTS):
+                target.process.kill()
+                target.process.wait(5)
+                alive(target)
+            assert not alive(target)  # given up after RESTARTS
+            assert target.skipped and "exited during the bench" in target.skipped
+        finally:
+            procs.stop(target)
 
 
 def test_slow_targets_are_paired_with_direct_alone() -> None:
@@ -160,10 +162,10 @@ def test_added_figures_are_taken_against_the_direct_run_beside_them() -> None:
 async def test_a_target_that_refuses_costs_only_its_own_requests() -> None:
     server = await asyncio.get_running_loop().create_server(MockProtocol, "127.0.0.1", 0)
     live = server.sockets[0].getsockname()[1]
-    dead = procs.free_port()  # nothing listens there
     try:
-        cmd = {"ports": [live, dead], "path": "/v1/chat/completions", "requests": 20}
-        result = await load.paired_loop({**cmd, "seconds": 10.0, "warmup": 2})
+        with reserved_port() as dead:  # nothing listens there
+            cmd = {"ports": [live, dead], "path": "/v1/chat/completions", "requests": 20}
+            result = await load.paired_loop({**cmd, "seconds": 10.0, "warmup": 2})
     finally:
         server.close()
     answered, refused = result["results"]

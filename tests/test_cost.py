@@ -30,7 +30,7 @@ from proxy.store.report import Filters, cost_report, total, usd
 from proxy.store.write import rows_for, write_rows
 
 from . import dbs
-from .conftest import FakeUpstream, Sdk, completion, free_port
+from .conftest import FakeUpstream, Sdk, completion, start_site
 from .dbs import chat_exchange
 from .streamgen import chunks_to_sse, completion_to_chunks
 from .test_assemble_other import RESPONSE, TEXT_PIECES, as_sse, responses_events
@@ -207,10 +207,9 @@ async def recorded(upstream: FakeUpstream, db_url: str, tmp_path: Path, sdk: Sdk
     app = build_app(config, DatabaseRecorder(config))
     runner = make_runner(app, config)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = await start_site(runner)
     try:
-        ids, chunks = await run_workload(f"http://127.0.0.1:{port}/v1", sdk)
+        ids, chunks = await run_workload(url + "/v1", sdk)
     finally:
         await runner.cleanup()  # as on SIGTERM: the recorder writes out everything
     assert len(ids) == len(EXPECTED)

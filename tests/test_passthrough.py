@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.config import Upstream
 
-from .conftest import FakeUpstream, RunningProxy, Sdk, free_port
+from .conftest import FakeUpstream, RunningProxy, Sdk, reserved_port
 
 KEY = "sk-live-SECRET-abcdef123456"
 STREAM_REQUEST = {"model": "gpt-4o-mini", "stream": True, "messages": []}
@@ -257,9 +257,10 @@ async def test_unknown_path_is_404_in_openai_shape(proxy: RunningProxy) -> None:
 
 
 async def test_dead_upstream_is_502_and_recorded(make_proxy: Any) -> None:
-    dead = f"http://127.0.0.1:{free_port()}/v1"
-    proxy = await make_proxy(upstreams=(Upstream("deadone", dead, "/v1"),))
-    status, headers, body = await _get(proxy.base_url + "/models")
+    with reserved_port() as port:  # nothing listens there
+        dead = f"http://127.0.0.1:{port}/v1"
+        proxy = await make_proxy(upstreams=(Upstream("deadone", dead, "/v1"),))
+        status, headers, body = await _get(proxy.base_url + "/models")
     assert status == 502
     assert "deadone" in _assert_openai_error(body)["message"]
     [exchange] = await proxy.recorder.wait_for(1)

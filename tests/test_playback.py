@@ -19,7 +19,7 @@ from proxy.playback import PlaybackOptions, canonical, playing
 from proxy.store.read import get_exchange, get_raw_stream, list_exchanges, reading
 
 from . import dbs
-from .conftest import free_port
+from .conftest import reserved_port, wait_until_up
 from .recordings import (
     ANSWERS,
     KEY,
@@ -185,22 +185,20 @@ async def test_playback_command(tmp_path: Path) -> None:
     async with fake_upstream() as upstream:
         answer_by_model(upstream)
         recorded = await record_two(config_for(url, upstream.url, tmp_path))
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
-        "--match", "ignore-fields=user", cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
+    with reserved_port() as port:  # until playback listens on it
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
+            "--match", "ignore-fields=user", cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
         root = f"http://127.0.0.1:{port}"
-        async with aiohttp.ClientSession() as session:
-            for _ in range(100):
-                try:
-                    async with session.get(root + "/healthz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.1)
+        try:
+            await wait_until_up(root + "/healthz", process)
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+    try:
         async with sdk(root) as client:
             answer = await client.chat.completions.with_raw_response.create(
                 model="gpt-4o-mini",

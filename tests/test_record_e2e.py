@@ -19,7 +19,7 @@ from proxy.store import create_engine, upgrade
 from proxy.store.read import get_exchange, list_exchanges, reading
 
 from . import dbs
-from .conftest import FakeUpstream, Sdk, completion, free_port
+from .conftest import FakeUpstream, Sdk, completion, start_site
 
 db_url = dbs.db_url  # fixture
 
@@ -91,9 +91,7 @@ async def recording(
     app = build_app(config, DatabaseRecorder(config))
     runner = make_runner(app, config)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield Recording(f"http://127.0.0.1:{port}/v1", db_url, runner)
+    yield Recording(await start_site(runner) + "/v1", db_url, runner)
     await runner.cleanup()
 
 

@@ -16,7 +16,7 @@ from proxy.store.read import get_exchange, list_exchanges, reading
 from proxy.store.scan import Filters
 
 from . import dbs
-from .conftest import FakeUpstream, free_port
+from .conftest import FakeUpstream, reserved_port
 from .recordings import KEY, answer_by_model, cli, config_for, fake_upstream, record_two
 
 db_url = dbs.db_url  # fixture
@@ -134,10 +134,11 @@ async def test_replay_while_the_upstream_fails(
 
     upstream.override = overloaded
     failed = await replay(config, [recorded.stream_id], ReplayOptions(), env=ENV)
-    gone = replace(
-        config, upstreams=(Upstream("openai", f"http://127.0.0.1:{free_port()}/v1", "/v1"),)
-    )
-    unreachable = await replay(gone, [recorded.plain_id], ReplayOptions(), env=ENV)
+    with reserved_port() as port:  # nothing listens there
+        gone = replace(
+            config, upstreams=(Upstream("openai", f"http://127.0.0.1:{port}/v1", "/v1"),)
+        )
+        unreachable = await replay(gone, [recorded.plain_id], ReplayOptions(), env=ENV)
 
     assert [(c["status"], c["outcome"]) for c in failed + unreachable] == [
         (503, "upstream_error"),

@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from .conftest import free_port
+from .conftest import reserved_port, start_site, wait_until_up
 
 EVENTS = 20
 PAUSE = 0.05  # a stream lasts about a second
@@ -48,16 +47,20 @@ async def slow_upstream() -> AsyncIterator[str]:
     app.router.add_post("/v1/chat/completions", _slow_stream)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"http://127.0.0.1:{port}/v1"
+    yield await start_site(runner) + "/v1"
     await runner.cleanup()
 
 
 async def _start_serve(
     tmp_path: Path, upstream: str, *extra: str
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
-    port = free_port()
+    with reserved_port() as port:  # until serve listens on it
+        return await _serve_on(port, tmp_path, upstream, *extra)
+
+
+async def _serve_on(
+    port: int, tmp_path: Path, upstream: str, *extra: str
+) -> tuple[asyncio.subprocess.Process, str, Path]:
     db = tmp_path / "serve.db"
     env = {
         **os.environ,
@@ -74,19 +77,13 @@ async def _start_serve(
     )  # fmt: skip
     log.close()
     url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as session:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                async with session.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return process, url, db
-            except aiohttp.ClientConnectionError:
-                pass
-            if process.returncode is not None or time.monotonic() > deadline:
-                output = (tmp_path / "serve.log").read_text()
-                raise AssertionError(f"serve did not start:\n{output}")
-            await asyncio.sleep(0.1)
+    try:
+        await wait_until_up(url + "/readyz", process)
+    except AssertionError as exc:
+        process.kill()
+        await process.wait()
+        raise AssertionError(f"{exc}:\n{(tmp_path / 'serve.log').read_text()}") from None
+    return process, url, db
 
 
 KEY = "sk-proj-NEVER-STORE-THIS-0123456789"
