@@ -69,6 +69,14 @@ def reserved_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+async def until(condition: Callable[[], bool], within: float = 10) -> None:
+    """Until `condition()` holds, looking every few ms; AssertionError after `within` s."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 async def wait_until_up(url: str, process: asyncio.subprocess.Process, within: float = 30) -> None:
     """Until GET `url` answers 200; AssertionError when `process` exits first or after
     `within` seconds."""

@@ -15,7 +15,7 @@ from proxy.keys import APP_LATER
 from proxy.later import Later
 from proxy.recorder import MemoryRecorder
 
-from .conftest import FakeUpstream, _serve
+from .conftest import FakeUpstream, _serve, until
 
 
 async def test_work_runs_a_moment_later_in_order() -> None:
@@ -25,10 +25,10 @@ async def test_work_runs_a_moment_later_in_order() -> None:
         later.add(done.append, i)
     await asyncio.sleep(0)
     assert done == [] and len(later) == 3
-    await asyncio.sleep(0.05)
-    assert done == [0, 1, 2] and len(later) == 0
+    await until(lambda: len(later) == 0)
+    assert done == [0, 1, 2]
     later.add(done.append, 3)  # a new batch gets a new timer
-    await asyncio.sleep(0.05)
+    await until(lambda: len(later) == 0)
     assert done == [0, 1, 2, 3]
 
 
@@ -58,7 +58,7 @@ async def test_a_failing_piece_of_work_does_not_cost_the_rest(
     later.add(broken)
     later.add(done.append, 2)
     with caplog.at_level(logging.ERROR, logger="proxy.later"):
-        await asyncio.sleep(0.03)
+        await until(lambda: len(later) == 0)
     assert done == [1, 2]
     assert "deferred work" in caplog.text and "RuntimeError: bug" in caplog.text
 

@@ -4,6 +4,7 @@ shaped: routing, headers, other endpoints, upstream errors, compression, limits,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from typing import Any
 
@@ -177,6 +178,8 @@ async def test_stream_headers_do_not_wait_for_a_late_first_event(
     rest = b'tent":"hi"}}],"usage":null}\n\n' if with_headers else b""
     rest += b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,'
     rest += b'"total_tokens":2}}\n\ndata: [DONE]\n\n'
+    order: list[str] = []
+    headers_in = asyncio.Event()
 
     async def answer(request: web.Request) -> web.StreamResponse:
         kind = _HeldHeaders if with_headers else web.StreamResponse
@@ -184,20 +187,23 @@ async def test_stream_headers_do_not_wait_for_a_late_first_event(
         await response.prepare(request)
         if with_headers:
             await response.write(with_headers)
-        await asyncio.sleep(0.5)
+        # The rest comes once the client has the headers; 10 s when they wait for it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(headers_in.wait(), 10)
+        order.append("rest of the stream")
         await response.write(rest)
         await response.write_eof()
         return response
 
     upstream.override = answer
-    started = asyncio.get_running_loop().time()
     async with (
         aiohttp.ClientSession() as session,
         session.post(proxy.base_url + "/chat/completions", json=STREAM_REQUEST) as response,
     ):
-        headers_after = asyncio.get_running_loop().time() - started
+        order.append("headers")
+        headers_in.set()
         body = await response.read()
-    assert response.status == 200 and headers_after < 0.4
+    assert response.status == 200 and order == ["headers", "rest of the stream"]
     assert body.endswith(b"data: [DONE]\n\n") and b'"total_tokens":2' not in body
     (recorded,) = await proxy.recorder.wait_for(1)
     assert recorded.usage == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}

@@ -9,7 +9,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from proxy.store import StoreError, create_engine, upgrade
 from proxy.store.spool import decode, encode
 
 from . import dbs
+from .conftest import until as wait_until
 from .dbs import chat_exchange, sqlite_url
 
 db_url = dbs.db_url  # fixture
@@ -114,13 +115,6 @@ async def started(cfg: Config, **engine_options: int) -> DatabaseRecorder:
     return recorder
 
 
-async def wait_until(condition: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 async def query(url: str, sql: str) -> list[tuple[object, ...]]:
     engine = create_engine(url)
     try:
@@ -200,8 +194,7 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
     await asyncio.sleep(0.5)
     await relay.cut()
     await wait_until(lambda: not recorder.ready())
-    await asyncio.sleep(1.5)
-    assert recorder.spool.pending()
+    await wait_until(recorder.spool.pending)
     await relay.restore()
     await wait_until(recorder.ready)
     await running
@@ -218,8 +211,7 @@ async def test_locked_sqlite_spills_and_recovers(sqlite_db: str, tmp_path: Path)
             recorder.record(ex)
             await asyncio.sleep(0.001)
         await wait_until(lambda: not recorder.ready())
-        await asyncio.sleep(0.3)
-        assert recorder.spool.pending()
+        await wait_until(recorder.spool.pending)
     for ex in sent[200:]:
         recorder.record(ex)
     await wait_until(recorder.ready)
@@ -253,7 +245,7 @@ async def test_shutdown_with_the_database_down_keeps_everything_for_next_start(
             recorder.record(ex)
         started_closing = time.monotonic()
         await recorder.close()
-        assert time.monotonic() - started_closing < 2.0
+        assert time.monotonic() - started_closing < 10  # gave up after shutdown_grace
         spooled = (tmp_path / "records.spool").read_bytes().splitlines()
         assert sorted(spooled) == sorted(encode(ex).rstrip(b"\n") for ex in sent)
 
