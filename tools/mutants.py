@@ -4,13 +4,15 @@ whole suite there, and see that a test catches it.
     .venv/bin/python tools/mutants.py --list
     .venv/bin/python tools/mutants.py                  # every mutant, one after the other
     .venv/bin/python tools/mutants.py --only NAME ...  # some of them
+    .venv/bin/python tools/mutants.py --check          # every snippet still found once?
 
 Each mutant replaces an exact snippet of today's code, which must occur exactly once (else the
 run stops and says so: the code moved on and the table needs updating). The copy holds the
 repository's files as they are in the work tree (tracked and untracked, not ignored), with
 `../shared` linked beside it as in a checkout, and imports `proxy` from the copy. A mutant is
 caught when the suite fails; the first failing test is reported. Exit status 1 if any
-survived or could not be applied.
+survived or could not be applied. PostgreSQL tests run only with FLIGHTREC_TEST_PG_URL set
+(as `.ci/run` sets it): without it the PostgreSQL mutant survives.
 """
 
 from __future__ import annotations
@@ -250,6 +252,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument(
+        "--check", action="store_true", help="only see that each snippet is found exactly once"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per suite run")
     parser.add_argument("--keep", action="store_true", help="keep the copies (printed)")
     parser.add_argument(
@@ -267,6 +272,11 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown mutants: {', '.join(sorted(unknown))} (see --list)")
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.check:
+        missing = [m.name for m in chosen if (ROOT / m.path).read_text().count(m.old) != 1]
+        for name in missing:
+            print(f"{name}: snippet not found exactly once")
+        return 1 if missing else 0
     files = repository_files()
     results: list[tuple[str, str, str]] = []
     for mutant in chosen:
