@@ -103,7 +103,8 @@ class ResponsesAssembler:
 
     def add(self, event: Json) -> bool:
         """Fold one event in. True when it carried generated output of any kind (text,
-        refusal, reasoning or its summary, tool input, audio): the first token."""
+        refusal, reasoning or its summary, a tool call's name or input, audio): the first
+        token."""
         kind = event.get("type")
         response = event.get("response")
         if isinstance(response, dict):
@@ -122,11 +123,13 @@ class ResponsesAssembler:
             return False
         if kind in ("response.output_item.added", "response.output_item.done"):
             item = event.get("item")
-            if isinstance(item, dict):
-                self._items[index] = item
-                if kind == "response.output_item.done":
-                    self._finished_items.add(index)
-            return False
+            if not isinstance(item, dict):
+                return False
+            self._items[index] = item
+            if kind == "response.output_item.done":
+                self._finished_items.add(index)
+                return False
+            return bool(item.get("name"))  # a tool call's name is generated, as in chat
         if kind in _PART_EVENTS:
             part = event.get("part")
             if isinstance(part, dict):

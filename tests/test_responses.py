@@ -246,6 +246,10 @@ def test_strings_without_their_added_events_still_land_in_their_items() -> None:
     ]
     events[2]["delta"] = "Hmm."
     assert [assembler.add(e) for e in events] == [True, True, True, True, False]
+    named = {"type": "custom_tool_call", "name": "shell", "input": ""}
+    added = {"type": "response.output_item.added", "output_index": 3}
+    assert assembler.add({**added, "item": {"type": "message", "content": []}}) is False
+    assert assembler.add({**added, "output_index": 4, "item": named}) is True
     assert assembler.result() == {
         "object": "response",
         "output": [
@@ -256,5 +260,7 @@ def test_strings_without_their_added_events_still_land_in_their_items() -> None:
             },
             {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Hmm."}]},
             {"type": "custom_tool_call", "input": "ls -la"},
+            {"type": "message", "content": []},
+            named,
         ],
     }
