@@ -264,3 +264,18 @@ def test_strings_without_their_added_events_still_land_in_their_items() -> None:
             named,
         ],
     }
+
+
+def test_an_incomplete_response_without_output_keeps_what_streamed() -> None:
+    """As the SDK fills a `response.incomplete` / `.failed` without output: finished items
+    whole, the item cut off by the limit with what it had."""
+    events = stream_events(FINAL)
+    cut = next(n for n, e in enumerate(events) if e["type"] == "response.output_text.done")
+    incomplete = {**{k: v for k, v in FINAL.items() if k != "output"}, "status": "incomplete"}
+    assembler = ResponsesAssembler()
+    for event in [*events[:cut], {"type": "response.incomplete", "response": incomplete}]:
+        assembler.add(event)
+    assert assembler.finished and assembler.usage == FINAL["usage"]
+    reasoning, call, message = assembler.result()["output"]  # type: ignore[index]
+    assert (reasoning, call) == (REASONING, CALL)
+    assert message == {**MESSAGE, "status": "in_progress"}
