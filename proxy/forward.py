@@ -377,6 +377,7 @@ async def _pump(
     for and the piece may hold it. The exchange's record is made (`tee.exchange`) once the first
     piece is on its way."""
     client_here = True
+    whole = False
 
     async def send(data: bytes) -> bool:
         """Write to the client; False once it has gone."""
@@ -403,6 +404,7 @@ async def _pump(
                 tee.exchange.error = "client disconnected; upstream request cancelled"
                 upstream_response.close()
                 break
+        whole = client_here  # the body ended, and the client was there for all of it
     except TimeoutError:
         tee.exchange.outcome = "timeout"
         tee.exchange.error = "upstream went silent mid-body (read_timeout)"
@@ -413,7 +415,7 @@ async def _pump(
         tee.exchange.outcome = "upstream_disconnected"
         tee.exchange.error = f"upstream connection lost: {exc}"
     finally:
-        rest = tee.end()
+        rest = tee.end(whole=whole)
     if rest and client_here and await send(rest):
         tee.delivered(rest)
 

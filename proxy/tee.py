@@ -14,6 +14,7 @@ stream's first byte).
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import time
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 import orjson
 
 from .assemble import ChatAssembler
-from .assemble_other import CompletionAssembler, ResponsesAssembler
+from .assemble_other import TERMINAL_EVENTS, CompletionAssembler, ResponsesAssembler
 from .exchange import Exchange
 from .later import Later
 from .rawcopy import RawCopy
@@ -46,6 +47,17 @@ def _holds_usage(piece: bytes) -> bool:
     return (
         keys > 0 and keys != piece.count(b'"usage":null') and _USAGE_VALUE.search(piece) is not None
     )
+
+
+class _Final(enum.Enum):
+    """Where a stream's final event is, for the client."""
+
+    NOT_SEEN = enum.auto()
+    UNSENT = enum.auto()
+    """In bytes held back until now, that the forwarder is writing (`StreamTee.delivered`)."""
+    DELIVERED = enum.auto()
+    LOST = enum.auto()
+    """Arrived after the client had gone."""
 
 
 class Assembler(Protocol):
@@ -167,6 +179,13 @@ class StreamTee:
         self._keep_raw = keep_raw and sse
         self._set_up = False
         """The parts below are made on first use: after the first piece went to the client."""
+        self._final = _Final.NOT_SEEN
+        """Where the stream's final event ([DONE], a Responses stream's terminal event) is."""
+        self._client_has_all = True
+        """Every piece of the body so far was written to the client (once one was not, none
+        after it is: the client has gone)."""
+        self._ended_whole = False
+        """The upstream's body ended normally (not cut, not abandoned)."""
 
     @property
     def exchange(self) -> Exchange:
@@ -220,6 +239,7 @@ class StreamTee:
         """Look at `piece`, the next piece of the body, a moment from now (with `later`; at
         once without); `delivered`: it was written to the client just now."""
         now = time.perf_counter()
+        self._client_has_all = delivered
         if self._later is None:
             self._look(piece, now, delivered)
             return
@@ -230,7 +250,8 @@ class StreamTee:
     def feed(self, piece: bytes) -> bytes:
         """Look at the next piece of the body now; returns the bytes the client may have."""
         self._catch_up()
-        return self._look(piece, time.perf_counter(), False)
+        self._client_has_all = False  # until `delivered` says the bytes released went out
+        return self._look(piece, time.perf_counter(), None)
 
     def _catch_up(self) -> None:
         """Look at the pieces waiting, in order."""
@@ -248,7 +269,9 @@ class StreamTee:
                 exchange.outcome = "proxy_error"
                 exchange.error = f"reading the body failed: {type(exc).__name__}: {exc}"
 
-    def _look(self, piece: bytes, arrived: float, delivered: bool) -> bytes:
+    def _look(self, piece: bytes, arrived: float, delivered: bool | None) -> bytes:
+        """Parse `piece`; `delivered`: it was written to the client (None: the caller writes
+        what this returns and says so with `delivered`)."""
         if delivered:
             self._delivered(piece, arrived)
         if not self._set_up:
@@ -266,15 +289,18 @@ class StreamTee:
         if self._sse is None:
             self._capture(data)
             return piece
-        drops = self._on_events(self._sse.feed(data), arrived)
+        drops = self._on_events(self._sse.feed(data), arrived, delivered)
         if self._withholder is None:
             return piece
         safe = self._sse.pending_start
         return self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
 
     def delivered(self, data: bytes) -> None:
-        """`data` has been written to the client just now."""
+        """`data`, bytes `feed` or `end` returned, has been written to the client just now."""
         self._catch_up()
+        self._client_has_all = True
+        if self._final is _Final.UNSENT:
+            self._final = _Final.DELIVERED
         self._delivered(data, time.perf_counter())
 
     def _delivered(self, data: bytes, when: float) -> None:
@@ -286,20 +312,22 @@ class StreamTee:
                 self._raw = RawCopy()
             self._raw.add(data, (when - self._started) * 1000)
 
-    def end(self) -> bytes:
-        """The body has ended (or broken); returns bytes still held back, which the client
-        may have now. Bytes are held back only in the middle of an event: otherwise the rest
-        of the body is read by `finish`, off the way of the body's end."""
+    def end(self, *, whole: bool = False) -> bytes:
+        """The body has ended (`whole`: normally, not cut or abandoned) or broken; returns
+        bytes still held back, which the client may have now. Bytes are held back only in the
+        middle of an event: otherwise the rest of the body is read by `finish`, off the way of
+        the body's end."""
         self._ended_at = time.perf_counter()
+        self._ended_whole = whole
         if not self.withhold or self._between_events():
             self._end_waits = True
             return b""
         self._catch_up()
-        return self._end_body()
+        return self._end_body(None)
 
-    def _end_body(self) -> bytes:
+    def _end_body(self, delivered: bool | None) -> bytes:
         """Parse what is left of the body (events in it came when it ended); returns bytes
-        still held."""
+        still held. `delivered`: as for `_look`, of the body's last bytes."""
         if not self._set_up:
             self._setup()
         rest = b""
@@ -312,14 +340,17 @@ class StreamTee:
             if self._sse is None:
                 self._capture(tail)
             elif tail:
-                self._on_events(self._sse.feed(tail), self._ended_at)
+                self._on_events(self._sse.feed(tail), self._ended_at, delivered)
         if self._sse is not None and self._readable:
-            drops = self._on_events(self._sse.flush(), self._ended_at)
+            drops = self._on_events(self._sse.flush(), self._ended_at, delivered)
             if self._withholder is not None:
                 rest = self._withholder.release(b"", drops, self._sse.offset)
         return rest
 
-    def _on_events(self, events: list[Event], arrived: float) -> list[tuple[int, int]]:
+    def _on_events(
+        self, events: list[Event], arrived: float, delivered: bool | None
+    ) -> list[tuple[int, int]]:
+        """Record `events`; returns the spans to withhold. `delivered`: as for `_look`."""
         drops: list[tuple[int, int]] = []
         exchange = self.exchange
         for event in events:
@@ -327,6 +358,7 @@ class StreamTee:
             data = event.data
             if data == b"[DONE]":
                 self._done = True
+                self._final_event(delivered)
                 continue
             try:
                 chunk = orjson.loads(data)
@@ -338,6 +370,8 @@ class StreamTee:
                 continue
             if chunk.get("error") is not None or chunk.get("type") == "error":
                 self._stream_error = chunk.get("error") or chunk
+            if chunk.get("type") in TERMINAL_EVENTS:
+                self._final_event(delivered)
             if self._assembler is not None:
                 try:
                     produced = self._assembler.add(chunk)
@@ -353,6 +387,12 @@ class StreamTee:
             if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):
                 drops.append((event.start, event.end))
         return drops
+
+    def _final_event(self, delivered: bool | None) -> None:
+        if self._final is _Final.NOT_SEEN:
+            self._final = {True: _Final.DELIVERED, False: _Final.LOST, None: _Final.UNSENT}[
+                delivered
+            ]
 
     def _generic_event(self, chunk: dict[str, Any], size: int, arrived: float) -> None:
         """Streams no assembler knows: keep the events as they came, and any usage."""
@@ -384,8 +424,12 @@ class StreamTee:
         self._catch_up()
         if self._end_waits:
             self._end_waits = False
-            self._end_body()
+            self._end_body(self._client_has_all)
         exchange = self.exchange
+        if exchange.outcome == "client_disconnected" and self._client_has_answer():
+            # The client left after it had the whole answer (the openai SDK closes the
+            # response at [DONE], without waiting for the body's end): nothing was lost.
+            exchange.outcome, exchange.error = "ok", None
         result: Any = None
         if self._assembler is not None:
             result = self._assembler.result()
@@ -435,6 +479,12 @@ class StreamTee:
         ):
             exchange.outcome = "upstream_disconnected"
             exchange.error = "stream ended without its final event ([DONE])"
+
+    def _client_has_answer(self) -> bool:
+        """The client was sent the whole answer: the stream's final event, or the whole body."""
+        if self._final is _Final.DELIVERED:
+            return True
+        return self._ended_whole and self._client_has_all
 
     def _problem(self, text: str) -> None:
         if len(self.exchange.parse_errors) < 20:

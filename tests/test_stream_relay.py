@@ -323,19 +323,22 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
     assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")
 
 
-def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
+def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> StreamTee:
+    settings: dict[str, Any] = {"max_record_bytes": 1 << 20, **options}
     return StreamTee(
-        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
-        path="/chat/completions",
+        Exchange.start("POST", "/v1" + path, "", "openai"),
+        path=path,
         encoding="",
-        sse=True,
+        sse=sse,
         injected=withhold,
         withhold=withhold,
-        max_record_bytes=1 << 20,
         started=time.perf_counter(),
-        keep_raw=True,
-        later=later,
+        **settings,
     )
+
+
+def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
+    return _tee("/chat/completions", sse=True, later=later, withhold=withhold, keep_raw=True)
 
 
 @pytest.mark.parametrize(
@@ -444,3 +447,16 @@ async def test_an_event_the_end_of_the_body_completes_is_timed_when_the_body_end
     tee.finish()
     ttft = tee.exchange.ttft_ms
     assert tee.exchange.chunks == 1 and ttft is not None and ttft <= (ended - before) * 1000
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["body-ended", "body-abandoned"])
+def test_a_client_that_left_after_the_whole_body_had_its_answer(whole: bool) -> None:
+    """A body without a final event (a non-stream, a stream of unknown events) was answered
+    whole when the upstream's body ended and every piece of it went to the client: the
+    client leaving then (`write_eof` finds the socket reset) loses nothing."""
+    tee = _tee("/files", sse=False)
+    tee.feed_later(b'{"id": "file-1"}', delivered=True)
+    tee.end(whole=whole)
+    tee.exchange.outcome = "client_disconnected"
+    tee.finish()
+    assert tee.exchange.outcome == ("ok" if whole else "client_disconnected")
