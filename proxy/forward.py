@@ -26,6 +26,7 @@ from .config import Config, Upstream
 from .exchange import Exchange, format_id, id_place
 from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .paths import Refused, route
 from .recorder import Recorder
 from .tee import StreamTee
 
@@ -50,22 +51,6 @@ def error_response(
         content_type="application/json",
         headers=headers,
     )
-
-
-def match_upstream(upstreams: tuple[Upstream, ...], raw_path: str) -> tuple[Upstream, str] | None:
-    """The upstream whose prefix is the longest match for the path, and the rest of the path.
-
-    A prefix matches whole path segments only: `/v1` serves `/v1/models`, never `/v10/models`.
-    """
-    best: tuple[Upstream, str] | None = None
-    for upstream in upstreams:
-        prefix = "" if upstream.prefix == "/" else upstream.prefix
-        rest = raw_path[len(prefix) :]
-        if not raw_path.startswith(prefix) or rest[:1] not in ("", "/", "?"):
-            continue
-        if best is None or len(prefix) > len(best[0].prefix):
-            best = (upstream, rest)
-    return best
 
 
 class _Response(web.StreamResponse):
@@ -107,19 +92,23 @@ async def forward(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     place = id_place()  # now: ids sort as the requests came
     config = request.app[APP_CONFIG]
-    raw_path = request.raw_path
-    route = match_upstream(config.upstreams, raw_path)
-    if route is None:
+    found = route(config.upstreams, request.raw_path)
+    if found is None:
         return error_response(
             404,
             f"flightrec: no upstream serves {request.path}",
             "invalid_request_error",
             "unknown_url",
         )
-    upstream, rest = route
+    if isinstance(found, Refused):
+        upstream, rest = found.upstream, found.rest
+    else:
+        upstream, rest = found
     record = _Record(place, request.method, upstream, rest, began)
     tees: list[StreamTee] = []
     try:
+        if isinstance(found, Refused):
+            return _refuse_path(record.exchange(), upstream)
         return await _relay(request, config, upstream, rest, record, started, tees)
     except asyncio.CancelledError:
         exchange = record.exchange()
@@ -440,6 +429,15 @@ def _describe_request(exchange: Exchange, headers: Any) -> None:
         exchange.stream = exchange.stream or payload.get("stream") is True
         user = payload.get("user") or payload.get("safety_identifier")
         exchange.user = controls.user or (user if isinstance(user, str) else None)
+
+
+def _refuse_path(exchange: Exchange, upstream: Upstream) -> web.Response:
+    """A path whose dot segments lead out of the upstream's base path never goes upstream."""
+    exchange.status = 400
+    exchange.outcome = "proxy_error"
+    exchange.error = f"path leaves the base path of upstream {upstream.name!r}"
+    message = f"flightrec: {exchange.error} ({upstream.prefix})"
+    return error_response(400, message, "invalid_request_error", "invalid_path", exchange.id)
 
 
 def _unreachable(

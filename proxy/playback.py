@@ -33,8 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .app import build_app, make_runner
 from .config import Config, Upstream
-from .forward import error_response, match_upstream
+from .forward import error_response
 from .keys import APP_CONFIG
+from .paths import match_upstream
 from .recorder import MemoryRecorder, Recorder
 from .replay import relative_path
 from .store.read import reading

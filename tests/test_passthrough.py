@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from proxy.config import Upstream
 
@@ -334,7 +335,72 @@ async def test_several_upstreams_by_prefix(upstream: FakeUpstream, make_proxy: A
     assert exchange.upstream == "local"
 
 
+@pytest.mark.parametrize("beta_first", [True, False])
+async def test_the_longest_matching_prefix_wins(
+    upstream: FakeUpstream, make_proxy: Any, beta_first: bool
+) -> None:
+    root = upstream.url.removesuffix("/v1")
+    upstreams = [Upstream("openai", upstream.url, "/v1"), Upstream("beta", root + "/b", "/v1/beta")]
+    proxy = await make_proxy(upstreams=tuple(reversed(upstreams) if beta_first else upstreams))
+    for path in ("/v1/beta/models", "/v1/models", "/v1/betamax"):
+        await _get(proxy.url + path)
+    assert [seen.path_qs for seen in upstream.seen] == ["/b/models", "/v1/models", "/v1/betamax"]
+    recorded = await proxy.recorder.wait_for(3)
+    assert [ex.upstream for ex in recorded] == ["beta", "openai", "openai"]
+
+
 async def test_health_endpoints(proxy: RunningProxy) -> None:
     assert (await _get(proxy.url + "/healthz"))[0] == 200
     status, _, body = await _get(proxy.url + "/readyz")
     assert status == 200 and orjson.loads(body)["status"] == "ready"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/../admin.txt",
+        "/v1/%2e%2e/admin.txt",
+        "/v1/%2E%2e/admin.txt",
+        "/v1/.%2E/admin.txt",
+        "/v1/chat/../../admin.txt",
+        "/v1/chat/%2e%2e/%2e%2e/admin.txt?x=1",
+        "/v1/../../../admin.txt",
+        "/v1/..%2fadmin.txt",  # servers that decode %2f would resolve the ".." themselves
+        "/v1/..%5Cadmin.txt",
+        "/v1/..;/admin.txt",  # as Tomcat reads it
+        "/local/v1/../../v1/models",  # out of the prefix it was sent to, into another's
+    ],
+)
+async def test_paths_that_leave_the_base_path_never_reach_the_upstream(
+    upstream: FakeUpstream, make_proxy: Any, path: str
+) -> None:
+    proxy = await make_proxy(
+        upstreams=(
+            Upstream("openai", upstream.url, "/v1"),
+            Upstream("local", upstream.url, "/local/v1"),
+        )
+    )
+    url = URL(proxy.url + path, encoded=True)  # sent exactly so, not resolved by the client
+    status, headers, body = await _get(url)
+    assert status == 400
+    assert "leaves the base path" in _assert_openai_error(body, "invalid_request_error")["message"]
+    assert upstream.seen == []
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert (exchange.status, exchange.outcome) == (400, "proxy_error")
+    assert headers["X-Flightrec-Id"] == exchange.id
+
+
+@pytest.mark.parametrize(
+    ("path", "upstream_path"),
+    [
+        ("/v1/./models", "/v1/models"),
+        ("/v1/files/../models?limit=2", "/v1/models?limit=2"),
+        ("/v1/files/%2E%2E/models", "/v1/models"),
+        ("/v1/models/meta%2Fllama-3.1", "/v1/models/meta%2Fllama-3.1"),
+    ],
+)
+async def test_dot_segments_inside_the_base_path_are_resolved(
+    upstream: FakeUpstream, proxy: RunningProxy, path: str, upstream_path: str
+) -> None:
+    await _get(URL(proxy.url + path, encoded=True))
+    assert upstream.seen[-1].path_qs == upstream_path
