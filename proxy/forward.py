@@ -28,7 +28,7 @@ from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .paths import Refused, route
 from .recorder import Recorder
-from .tee import StreamTee
+from .tee import StreamTee, without_null_usage
 
 log = logging.getLogger(__name__)
 
@@ -382,13 +382,16 @@ async def _pump(
 
     try:
         async for piece in upstream_response.content.iter_any():
-            if tee.withhold and not tee.passes(piece):
+            if not tee.withhold:
+                tee.feed_later(piece, delivered=client_here and await send(piece))
+            elif tee.passes(piece):
+                out = without_null_usage(piece)
+                tee.feed_later(piece, delivered=client_here and await send(out), written=out)
+            else:
                 out = tee.feed(piece)
                 # Even b"": headers held for a first piece go out now.
                 if client_here and await send(out):
                     tee.delivered(out)
-            else:
-                tee.feed_later(piece, delivered=client_here and await send(piece))
             if not client_here and cancel_on_disconnect:
                 tee.exchange.error = "client disconnected; upstream request cancelled"
                 upstream_response.close()

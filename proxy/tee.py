@@ -4,7 +4,8 @@
 Server-Sent Events, reassembles chat completions and fills the exchange. It does no I/O, so the
 forwarder stays a plain copy loop. The one time it must look before the client gets the bytes
 is when the proxy asked for stream usage itself: then `Withholder` cuts exactly that usage event
-out of the stream and releases everything else up to the start of the event being received.
+out of the stream (and the `"usage":null` members the option added to the others) and releases
+everything else up to the start of the event being received.
 
 It looks at a piece the client already has a moment later (`feed_later`, through `Later`), not
 right after writing it: the kernel wakes the reader of a local socket on the writer's CPU, so
@@ -47,6 +48,21 @@ def _holds_usage(piece: bytes) -> bool:
     return (
         keys > 0 and keys != piece.count(b'"usage":null') and _USAGE_VALUE.search(piece) is not None
     )
+
+
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null\b|"usage"\s*:\s*null\s*,\s*')
+"""A `"usage": null` member however spaced, with the comma that separates it."""
+
+
+def without_null_usage(events: bytes) -> bytes:
+    """Whole events with their `"usage":null` members removed. An upstream asked for stream
+    usage adds one to every chunk (OpenAI does); a client that did not ask gets the chunks
+    as they would have come without the option. A JSON string cannot hold `"usage"` with
+    unescaped quotes, so every match is a key."""
+    events = events.replace(b',"usage":null', b"")
+    if b'"usage"' in events:  # another spelling (or a usage object, which stays)
+        events = _NULL_USAGE.sub(b"", events)
+    return events
 
 
 class _Final(enum.Enum):
@@ -168,9 +184,9 @@ class StreamTee:
         self._encoding = encoding
         self._is_sse = sse
         self._later = later
-        self._waiting: list[tuple[bytes, float, bool]] = []
-        """Pieces the tee has not looked at yet: when each arrived and whether it went to the
-        client then."""
+        self._waiting: list[tuple[bytes, float, bool, bytes | None]] = []
+        """Pieces the tee has not looked at yet: when each arrived, whether it went to the
+        client then, and what went when that was not the piece itself."""
         self._end_waits = False
         """`end` was called and left the end of the body to `finish`."""
         self._ended_at = 0.0
@@ -235,17 +251,18 @@ class StreamTee:
             and not _holds_usage(piece)
         )
 
-    def feed_later(self, piece: bytes, *, delivered: bool) -> None:
+    def feed_later(self, piece: bytes, *, delivered: bool, written: bytes | None = None) -> None:
         """Look at `piece`, the next piece of the body, a moment from now (with `later`; at
-        once without); `delivered`: it was written to the client just now."""
+        once without); `delivered`: it was written to the client just now, as it came or as
+        `written` (`rewrite`)."""
         now = time.perf_counter()
         self._client_has_all = delivered
         if self._later is None:
-            self._look(piece, now, delivered)
+            self._look(piece, now, delivered, written)
             return
         if not self._waiting:
             self._later.add(self._catch_up)
-        self._waiting.append((piece, now, delivered))
+        self._waiting.append((piece, now, delivered, written))
 
     def feed(self, piece: bytes) -> bytes:
         """Look at the next piece of the body now; returns the bytes the client may have."""
@@ -259,8 +276,8 @@ class StreamTee:
             return
         waiting, self._waiting = self._waiting, []
         try:
-            for piece, arrived, delivered in waiting:
-                self._look(piece, arrived, delivered)
+            for piece, arrived, delivered, written in waiting:
+                self._look(piece, arrived, delivered, written)
         except Exception as exc:  # a bug: the client has the bytes, the record says what broke
             log.exception("exchange %s: reading the body failed", self.exchange.id)
             self._readable = False
@@ -269,11 +286,13 @@ class StreamTee:
                 exchange.outcome = "proxy_error"
                 exchange.error = f"reading the body failed: {type(exc).__name__}: {exc}"
 
-    def _look(self, piece: bytes, arrived: float, delivered: bool | None) -> bytes:
-        """Parse `piece`; `delivered`: it was written to the client (None: the caller writes
-        what this returns and says so with `delivered`)."""
+    def _look(
+        self, piece: bytes, arrived: float, delivered: bool | None, written: bytes | None = None
+    ) -> bytes:
+        """Parse `piece`; `delivered`: it was written to the client, as `written` if that is
+        given (None: the caller writes what this returns and says so with `delivered`)."""
         if delivered:
-            self._delivered(piece, arrived)
+            self._delivered(piece if written is None else written, arrived)
         if not self._set_up:
             self._setup()
         data = piece
@@ -293,7 +312,8 @@ class StreamTee:
         if self._withholder is None:
             return piece
         safe = self._sse.pending_start
-        return self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
+        out = self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
+        return without_null_usage(out)
 
     def delivered(self, data: bytes) -> None:
         """`data`, bytes `feed` or `end` returned, has been written to the client just now."""
@@ -344,7 +364,7 @@ class StreamTee:
         if self._sse is not None and self._readable:
             drops = self._on_events(self._sse.flush(), self._ended_at, delivered)
             if self._withholder is not None:
-                rest = self._withholder.release(b"", drops, self._sse.offset)
+                rest = without_null_usage(self._withholder.release(b"", drops, self._sse.offset))
         return rest
 
     def _on_events(

@@ -551,4 +551,4 @@ async def test_an_sdk_client_leaving_mid_stream_is_client_disconnected(
     await asyncio.to_thread(leave_sync) if sync else await leave_async()
     [exchange] = await proxy.recorder.wait_for(1)
     assert exchange.outcome == "client_disconnected"
-    assert exchange.response_bytes == len(first)
+    assert exchange.response_bytes == len(first.replace(b',"usage":null', b""))
