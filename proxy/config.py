@@ -66,6 +66,7 @@ class Config:
     read_timeout: float = 600.0
     max_request_bytes: int = 64 * 1024 * 1024
     max_record_bytes: int = 16 * 1024 * 1024
+    max_stream_record_bytes: int = 16 * 1024 * 1024
     store_raw_stream: bool = True
     shutdown_grace: float = 30.0
     queue_size: int = 10_000
@@ -174,6 +175,7 @@ KEYS: dict[str, Key] = {
     "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
     "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
     "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
+    "max_stream_record_bytes": Key(_positive_int, "bytes of a stream its record is made from"),
     "store_raw_stream": Key(_bool, "keep the exact bytes of streams for playback"),
     "shutdown_grace": Key(_seconds, "seconds in-flight exchanges get on SIGTERM"),
     "queue_size": Key(_positive_int, "records held in memory before spilling to the spool"),

@@ -313,6 +313,7 @@ async def _relay(
             injected=injected and is_sse,  # an upstream may take the option and answer no stream
             withhold=withhold,
             max_record_bytes=config.max_record_bytes,
+            max_stream_record_bytes=config.max_stream_record_bytes,
             started=started,
             keep_raw=config.store_raw_stream,
             later=request.app[APP_READ_LATER],

@@ -65,6 +65,22 @@ def without_null_usage(events: bytes) -> bytes:
     return events
 
 
+def _read_past_the_bound(event: Event) -> bool:
+    """Whether an event past `max_stream_record_bytes` is parsed: one that may carry usage,
+    an error or the end of the stream, told by its bytes (content chunks are not)."""
+    return event.event in TERMINAL_EVENTS or _holds_usage(event.data) or b'"error"' in event.data
+
+
+def _past_the_bound(chunk: dict[str, Any]) -> dict[str, Any]:
+    """What the record takes from an event past `max_stream_record_bytes`: its usage, error
+    and type, and a Responses snapshot without its output (which repeats the whole stream)."""
+    kept: dict[str, Any] = {key: chunk[key] for key in ("type", "usage", "error") if key in chunk}
+    response = chunk.get("response")
+    if isinstance(response, dict):
+        kept["response"] = {key: value for key, value in response.items() if key != "output"}
+    return kept
+
+
 class _Final(enum.Enum):
     """Where a stream's final event is, for the client."""
 
@@ -167,6 +183,7 @@ class StreamTee:
         injected: bool,
         withhold: bool,
         max_record_bytes: int,
+        max_stream_record_bytes: int = 16 * 1024 * 1024,
         started: float,
         keep_raw: bool = False,
         later: Later | None = None,
@@ -181,6 +198,14 @@ class StreamTee:
         self._injected = injected
         self._started = started
         self._max = max_record_bytes
+        """Bytes of a non-stream body the record keeps."""
+        self._max_stream = max_stream_record_bytes
+        """Bytes of a stream the record is made from; past them only what the record cannot
+        do without is read (`_past_the_bound`)."""
+        self._stream_bytes = 0
+        self._truncated = False
+        self._events_past = 0
+        """Events that came past `_max_stream` and were not recorded."""
         self._encoding = encoding
         self._is_sse = sse
         self._later = later
@@ -227,7 +252,6 @@ class StreamTee:
         self._body = bytearray()
         self._body_full = False
         self._events: list[Any] = []
-        self._events_size = 0
         self._done = False
         self._stream_error: Any = None
         self._usage: dict[str, Any] | None = None
@@ -308,6 +332,9 @@ class StreamTee:
         if self._sse is None:
             self._capture(data)
             return piece
+        self._stream_bytes += len(data)
+        if self._stream_bytes > self._max_stream:
+            self._truncated = True
         drops = self._on_events(self._sse.feed(data), arrived, delivered)
         if self._withholder is None:
             return piece
@@ -327,7 +354,7 @@ class StreamTee:
         if not data:
             return
         self.exchange.response_bytes += len(data)
-        if self._keep_raw:
+        if self._keep_raw and not self._truncated:
             if self._raw is None:
                 self._raw = RawCopy()
             self._raw.add(data, (when - self._started) * 1000)
@@ -380,6 +407,9 @@ class StreamTee:
                 self._done = True
                 self._final_event(delivered)
                 continue
+            if self._truncated and not _read_past_the_bound(event):
+                self._events_past += 1
+                continue
             try:
                 chunk = orjson.loads(data)
             except orjson.JSONDecodeError:
@@ -392,6 +422,11 @@ class StreamTee:
                 self._stream_error = chunk.get("error") or chunk
             if chunk.get("type") in TERMINAL_EVENTS:
                 self._final_event(delivered)
+            if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):
+                drops.append((event.start, event.end))
+            if self._truncated:
+                self._events_past += 1
+                chunk = _past_the_bound(chunk)
             if self._assembler is not None:
                 try:
                     produced = self._assembler.add(chunk)
@@ -403,9 +438,7 @@ class StreamTee:
                 if produced and exchange.ttft_ms is None:
                     exchange.ttft_ms = (arrived - self._started) * 1000
             else:
-                self._generic_event(chunk, len(data), arrived)
-            if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):
-                drops.append((event.start, event.end))
+                self._generic_event(chunk, arrived)
         return drops
 
     def _final_event(self, delivered: bool | None) -> None:
@@ -414,18 +447,14 @@ class StreamTee:
                 delivered
             ]
 
-    def _generic_event(self, chunk: dict[str, Any], size: int, arrived: float) -> None:
+    def _generic_event(self, chunk: dict[str, Any], arrived: float) -> None:
         """Streams no assembler knows: keep the events as they came, and any usage."""
         if self.exchange.ttft_ms is None:
             self.exchange.ttft_ms = (arrived - self._started) * 1000
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
-        if self._events_size + size <= self._max:
+        if not self._truncated:
             self._events.append(chunk)
-            self._events_size += size
-        elif self._events_size <= self._max:
-            self._events_size = self._max + 1
-            self._problem("stream larger than max_record_bytes: later events not recorded")
 
     def _capture(self, data: bytes) -> None:
         if self._body_full or not data:
@@ -467,6 +496,12 @@ class StreamTee:
                 except orjson.JSONDecodeError:
                     self._problem("response body is not valid JSON")
         exchange.response_json = result
+        if self._truncated:
+            exchange.parse_errors.append(
+                f"stream truncated in the record: it is larger than max_stream_record_bytes "
+                f"({self._max_stream}); {self._events_past} later events not recorded "
+                f"(their usage, errors and the final event were read)"
+            )
         if self._raw is not None:
             exchange.raw_stream_gz = self._raw.gzip()
             exchange.raw_pacing = self._raw.pacing()

@@ -296,6 +296,23 @@ async def test_request_over_the_limit_is_413(upstream: FakeUpstream, make_proxy:
     assert exchange.status == 413 and exchange.outcome == "proxy_error"
 
 
+@pytest.mark.parametrize("piece_size", [None, 100])
+async def test_a_body_over_max_record_bytes_is_relayed_whole_and_not_kept(
+    upstream: FakeUpstream, make_proxy: Any, piece_size: int | None
+) -> None:
+    upstream.completion["choices"][0]["message"]["content"] = "x" * 3000
+    upstream.piece_size = piece_size
+    proxy = await make_proxy(max_record_bytes=2000)
+    status, _, received = await _get(
+        proxy.base_url + "/chat/completions", method="POST", json={"model": "m"}
+    )
+    assert status == 200 and received == bytes(upstream.sent) and len(received) > 3000
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == "ok" and exchange.response_bytes == len(received)
+    assert exchange.response_body is None and exchange.response_json is None
+    assert exchange.parse_errors == ["response body larger than max_record_bytes: not recorded"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_compressed_upstream_is_relayed_raw_and_recorded_decoded(
     upstream: FakeUpstream, proxy: RunningProxy, stream: bool, sdk: Sdk

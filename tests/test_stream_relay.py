@@ -588,3 +588,86 @@ async def test_while_it_injects_the_proxy_asks_for_an_uncompressed_stream(
     assert received == chunks_to_sse(
         completion_to_chunks(upstream.completion, include_usage=False, rng=random.Random(5))
     )
+
+
+async def _stream_in_pieces(request: web.Request, body: bytes) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for start in range(0, len(body), 1 << 16):
+        await response.write(body[start : start + (1 << 16)])
+    await response.write_eof()
+    return response
+
+
+async def test_a_stream_past_max_stream_record_bytes_is_relayed_whole_and_recorded_bounded(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    """A 24 MB stream through a proxy that records 256 KiB of a stream: the client gets every
+    byte it gets direct; the record keeps the start of the answer, its usage and its end,
+    counts every byte and says it was truncated."""
+    bound = 256 * 1024
+    usage = {"prompt_tokens": 5, "completion_tokens": 180_000, "total_tokens": 180_005}
+    head = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        asked = "stream_options" in await request.json()
+        null = b',"usage":null' if asked else b""
+        event = head + b'[{"index":0,"delta":{"content":"%06d word "}}]' + null + b"}\n\n"
+        body = b"".join(event % i for i in range(180_000))
+        if asked:
+            body += head + b'[],"usage":' + orjson.dumps(usage) + b"}\n\n"
+        return await _stream_in_pieces(request, body + b"data: [DONE]\n\n")
+
+    upstream.override = answer
+    proxy = await make_proxy(max_stream_record_bytes=bound)
+    _, _, direct = await _post_raw(upstream.url, _request(True))
+    _, _, received = await _post_raw(proxy.base_url, _request(True))
+    assert len(received) > 20_000_000 and received == direct
+    [exchange] = await proxy.recorder.wait_for(1, within=30)
+    assert (exchange.outcome, exchange.usage) == ("ok", usage)
+    assert exchange.response_bytes == len(received)
+    assert exchange.chunks == 180_002
+    content = exchange.response_json["choices"][0]["message"]["content"]
+    assert content.startswith("000000 word 000001 word ") and len(content) < bound
+    assert len(gzip.decompress(exchange.raw_stream_gz or b"")) <= bound + (1 << 16)
+    assert len(exchange.raw_pacing or []) < 10
+    [note] = exchange.parse_errors
+    assert "truncated" in note and "max_stream_record_bytes" in note
+
+
+async def test_a_responses_stream_past_the_bound_keeps_its_usage_not_its_whole_output(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    """A Responses stream's final event repeats the whole output: past the bound the record
+    takes its usage and status from it, not the output."""
+    bound = 64 * 1024
+    text = "".join(f"{i:06d} word " for i in range(30_000))
+    usage = {"input_tokens": 3, "output_tokens": 30_000, "total_tokens": 30_003}
+    final = {"id": "resp_1", "object": "response", "status": "completed", "model": "m"}
+    final |= {"usage": usage, "output": [{"type": "message", "content": [{"text": text}]}]}
+    events = [{"type": "response.created", "response": {**final, "usage": None, "output": []}}]
+    events += [
+        {"type": "response.output_text.delta", "output_index": 0, "delta": text[i : i + 12]}
+        for i in range(0, len(text), 12)
+    ]
+    events.append({"type": "response.completed", "response": final})
+    body = b"".join(
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    )
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return await _stream_in_pieces(request, body)
+
+    upstream.override = answer
+    proxy = await make_proxy(max_stream_record_bytes=bound)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.base_url + "/responses", json={"model": "m", "stream": True}) as r,
+    ):
+        received = await r.read()
+    assert received == body
+    [exchange] = await proxy.recorder.wait_for(1, within=30)
+    assert (exchange.outcome, exchange.usage) == ("ok", usage)
+    assert exchange.response_json["status"] == "completed"
+    assert len(orjson.dumps(exchange.response_json)) < bound
+    assert any("truncated" in note for note in exchange.parse_errors)
