@@ -26,7 +26,7 @@ from .config import Config, Upstream
 from .exchange import Exchange, format_id, id_place
 from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
-from .paths import Refused, route
+from .paths import Refused, mask_query, route
 from .recorder import Recorder
 from .tee import StreamTee, without_null_usage
 
@@ -213,7 +213,7 @@ def _conclude(
     client's next request has gone on (`Later`), so that none of it delays a byte."""
     try:
         exchange.path = request.path
-        exchange.query = request.query_string
+        exchange.query = mask_query(request.query_string)
         for tee in tees:
             tee.finish()
             if exchange.outcome == "ok" and (exchange.status or 0) >= 400:

@@ -97,3 +97,44 @@ def _hides_dot_segment(segment: str) -> bool:
     if "." not in segment:
         return False
     return any(part.partition(";")[0] in (".", "..") for part in _SEPARATOR.split(segment))
+
+
+SECRET_PARAMETERS = frozenset(
+    {
+        "key",
+        "api_key",
+        "apikey",
+        "x_api_key",
+        "token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "auth",
+        "authorization",
+        "password",
+        "passwd",
+        "secret",
+        "client_secret",
+        "sig",
+        "signature",
+        "x_amz_signature",
+        "x_amz_security_token",
+        "x_goog_signature",
+    }
+)
+"""Query parameter names whose values are masked in the record (compared lower-cased, `-`
+read as `_`)."""
+MASK = "***"
+
+
+def mask_query(query: str) -> str:
+    """`query` (as aiohttp decodes it, `&` and `=` inside values still encoded) with the
+    values of secret-named parameters replaced by `MASK`."""
+    if not query:
+        return query
+    pairs = query.split("&")
+    for at, pair in enumerate(pairs):
+        name, equals, _ = pair.partition("=")
+        if equals and name.strip().lower().replace("-", "_") in SECRET_PARAMETERS:
+            pairs[at] = f"{name}={MASK}"
+    return "&".join(pairs)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,7 +17,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.config import Upstream
+from proxy.app import build_app, make_runner
+from proxy.config import Config, Upstream
+from proxy.dbrecorder import DatabaseRecorder
+from proxy.store import upgrade
 
 from .conftest import FakeUpstream, RunningProxy, Sdk, free_port
 
@@ -423,3 +429,86 @@ async def test_dot_segments_inside_the_base_path_are_resolved(
 ) -> None:
     await _get(URL(proxy.url + path, encoded=True))
     assert upstream.seen[-1].path_qs == upstream_path
+
+
+SECRETS = {
+    "bearer": "sk-proj-LongSecretKey0123456789abcdefWXYZ",
+    "short": "kZ7qW2xP",  # under 12 characters: no part of it may show in the hint
+    "azure": "AzureKey5f3e9c1b7a2d4e6f8a0b1c2d3e4f5a6b",
+    "x-api-key": "XApiKey-9b8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d",
+    "query-key": "QueryKeyAIzaSyD-0123456789abcdef",
+    "query-api_key": "QueryApiKey-fedcba9876543210",
+    "query-Api-Key": "QueryApiKeyCased-0a1b2c3d4e5f",
+}
+
+
+async def test_api_key_never_reaches_database_or_spool(
+    upstream: FakeUpstream, tmp_path: Path, sdk: Sdk
+) -> None:
+    """Keys sent every way a client sends them, through the proxy to a real SQLite recorder,
+    part of the time with the database locked so that records wait on disk: no file the
+    proxy wrote holds any of them, and the upstream still got each."""
+    db = tmp_path / "flightrec.db"
+    await upgrade(f"sqlite+aiosqlite:///{db}")
+    config = replace(
+        Config(),
+        upstreams=(Upstream("openai", upstream.url, "/v1"),),
+        db_url=f"sqlite+aiosqlite:///{db}",
+        spool_path=str(tmp_path / "flightrec.spool"),
+        batch_interval=0.01,
+        queue_size=2,
+    )
+    runner = make_runner(build_app(config, DatabaseRecorder(config)), config)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    base = f"http://127.0.0.1:{port}/v1"
+    requests = [
+        ("/models", {"Authorization": f"Bearer {SECRETS['bearer']}"}),
+        ("/models", {"Authorization": f"Bearer {SECRETS['short']}"}),
+        ("/models", {"api-key": SECRETS["azure"]}),
+        ("/models", {"X-Api-Key": SECRETS["x-api-key"]}),
+        (f"/models?key={SECRETS['query-key']}", {}),
+        (f"/models?limit=2&api_key={SECRETS['query-api_key']}", {}),
+        (f"/models?Api-Key={SECRETS['query-Api-Key']}&after=x", {}),
+    ]
+    lock = sqlite3.connect(db, isolation_level=None)
+    try:
+        lock.execute("BEGIN EXCLUSIVE")  # records wait: in the spool, or whatever holds them
+        for path, headers in requests * 3:
+            assert (await _get(base + path, headers=headers))[0] == 200
+        client = sdk(base, SECRETS["bearer"])
+        async for _ in await client.chat.completions.create(model="m", messages=[], stream=True):
+            pass
+        await asyncio.sleep(0.2)
+        waiting = _files_without_secrets(tmp_path)
+        assert any(size for name, size in waiting.items() if not name.startswith(db.name))
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    await runner.cleanup()
+
+    seen = " ".join(s.path_qs + " " + " ".join(s.headers.values()) for s in upstream.seen)
+    assert all(secret in seen for secret in SECRETS.values())
+    rows = sqlite3.connect(db).execute("SELECT query, key_hint FROM exchanges").fetchall()
+    assert len(rows) == len(requests) * 3 + 1
+    assert {query for query, _ in rows} == {
+        "",
+        "key=***",
+        "limit=2&api_key=***",
+        "Api-Key=***&after=x",
+    }
+    assert {hint for _, hint in rows} == {None, "sk-...WXYZ", "...", "Azu...5a6b", "XAp...5c4d"}
+    assert _files_without_secrets(tmp_path)[db.name] > 0
+
+
+def _files_without_secrets(directory: Path) -> dict[str, int]:
+    """The size of each file under `directory`, once checked for every secret."""
+    sizes = {}
+    for path in directory.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for name, secret in SECRETS.items():
+                assert secret.encode() not in data, (name, path.name)
+            sizes[path.name] = len(data)
+    return sizes
