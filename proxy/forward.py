@@ -243,7 +243,9 @@ async def _relay(
     tees: list[StreamTee],
 ) -> web.StreamResponse:
     try:
-        body = await request.read()
+        body = await _read_body(request, config.client_body_timeout)
+    except TimeoutError:
+        return await _too_slow(request, record.exchange(), config.client_body_timeout)
     except web.HTTPRequestEntityTooLarge:
         exchange = record.exchange()
         exchange.outcome = "proxy_error"
@@ -341,6 +343,36 @@ async def _relay(
             exchange.error = f"{type(exc).__name__}: {exc}"
             response.force_close()
         return response
+
+
+async def _read_body(request: web.Request, seconds: float) -> bytes:
+    """The request body; TimeoutError when the client has not sent all of it `seconds` after
+    its headers. Nearly every body came with its headers and is read without a timer."""
+    if request.content.is_eof():
+        return await request.read()
+    async with asyncio.timeout(seconds):
+        return await request.read()
+
+
+async def _too_slow(request: web.Request, exchange: Exchange, seconds: float) -> web.Response:
+    """Answer 408 and end the connection on our side: the client reads the answer to its
+    end at once (aiohttp still reads and drops what it sends for a while before it closes:
+    closing with unread bytes would reset the connection, losing the answer)."""
+    exchange.status = 408
+    exchange.outcome = "proxy_error"
+    exchange.error = (
+        f"the client did not send its whole body within client_body_timeout ({seconds:g} s)"
+    )
+    response = error_response(
+        408, f"flightrec: {exchange.error}", "invalid_request_error", "request_timeout", exchange.id
+    )
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    transport = request.transport
+    if transport is not None and transport.can_write_eof():
+        transport.write_eof()
+    return response
 
 
 async def _send(

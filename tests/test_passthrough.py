@@ -512,3 +512,35 @@ def _files_without_secrets(directory: Path) -> dict[str, int]:
                 assert secret.encode() not in data, (name, path.name)
             sizes[path.name] = len(data)
     return sizes
+
+
+async def test_a_body_dribbled_slower_than_client_body_timeout_gets_408(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    proxy = await make_proxy(client_body_timeout=0.5)
+    address = URL(proxy.url)
+    reader, writer = await asyncio.open_connection(address.host, address.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model":'
+    )
+
+    async def dribble() -> None:
+        for _ in range(100):  # one byte every 0.1 s: the body would take 10 s
+            await asyncio.sleep(0.1)
+            if writer.is_closing() or reader.at_eof():
+                return
+            writer.write(b" ")
+
+    dribbling = asyncio.create_task(dribble())
+    try:
+        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the proxy closes
+    finally:
+        dribbling.cancel()
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    assert "client_body_timeout" in _assert_openai_error(body, "invalid_request_error")["message"]
+    assert upstream.seen == []
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert (exchange.status, exchange.outcome) == (408, "proxy_error")
