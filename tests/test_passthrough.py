@@ -544,3 +544,68 @@ async def test_a_body_dribbled_slower_than_client_body_timeout_gets_408(
     assert upstream.seen == []
     [exchange] = await proxy.recorder.wait_for(1)
     assert (exchange.status, exchange.outcome) == (408, "proxy_error")
+
+
+@pytest.mark.parametrize(
+    ("omit", "request_kept", "response_kept"),
+    [
+        ("request", False, True),
+        ("response", True, False),
+        ("all", False, False),
+        ("Response , REQUEST", False, False),
+        ("nothing-known", True, True),
+    ],
+)
+async def test_omit_drops_exactly_the_bodies_it_names(
+    upstream: FakeUpstream,
+    proxy: RunningProxy,
+    sdk: Sdk,
+    omit: str,
+    request_kept: bool,
+    response_kept: bool,
+) -> None:
+    client = sdk(proxy.base_url, KEY)
+    messages: Any = [{"role": "user", "content": "private"}]
+    headers = {"X-Flightrec-Omit": omit}
+    await client.chat.completions.create(model="gpt-4o", messages=messages, extra_headers=headers)
+    stream = await client.chat.completions.create(
+        model="gpt-4o", messages=messages, stream=True, extra_headers=headers
+    )
+    [_ async for _ in stream]
+    for exchange in await proxy.recorder.wait_for(2):
+        assert (exchange.request_body is not None) is request_kept
+        assert (exchange.request_json is not None) is request_kept
+        assert (exchange.response_json is not None) is response_kept
+        assert (exchange.raw_stream_gz is not None) is (response_kept and exchange.stream)
+        assert exchange.omit_request is not request_kept
+        assert exchange.omit_response is not response_kept
+        assert exchange.usage == upstream.completion["usage"] and exchange.model == "gpt-4o"
+
+
+async def test_an_upstream_silent_mid_stream_is_a_timeout(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    first = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        await asyncio.sleep(5)
+        return response
+
+    upstream.override = silent
+    proxy = await make_proxy(read_timeout=0.3)
+    received = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.base_url + "/chat/completions", json=STREAM_REQUEST) as response,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError):  # cut for the client too
+            async for piece in response.content.iter_any():
+                received += piece
+    assert received == first
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert (exchange.outcome, exchange.status) == ("timeout", 200)
+    assert "silent" in (exchange.error or "")
+    assert exchange.response_json["choices"][0]["message"]["content"] == "a"
