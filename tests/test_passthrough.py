@@ -210,6 +210,19 @@ async def test_stream_headers_do_not_wait_for_a_late_first_event(
     assert recorded.usage == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
 
 
+async def _read_cut_stream(base_url: str) -> bytes:
+    """What a client reads of a stream whose body is cut (the cut itself raises)."""
+    received = b""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(base_url + "/chat/completions", json=STREAM_REQUEST) as response,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for piece in response.content.iter_any():
+                received += piece
+    return received
+
+
 async def test_a_stream_the_upstream_cuts_is_cut_for_the_client_too(
     upstream: FakeUpstream, proxy: RunningProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -226,14 +239,7 @@ async def test_a_stream_the_upstream_cuts_is_cut_for_the_client_too(
         return response
 
     upstream.override = answer
-    received = b""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(proxy.base_url + "/chat/completions", json=STREAM_REQUEST) as response,
-    ):
-        with pytest.raises(aiohttp.ClientPayloadError):
-            async for piece in response.content.iter_any():
-                received += piece
+    received = await _read_cut_stream(proxy.base_url)
     # What came before the cut (as it comes without the usage the proxy asked for), then the
     # cut itself.
     assert received == first.replace(b',"usage":null', b"")
@@ -596,15 +602,7 @@ async def test_an_upstream_silent_mid_stream_is_a_timeout(
 
     upstream.override = silent
     proxy = await make_proxy(read_timeout=0.3)
-    received = b""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(proxy.base_url + "/chat/completions", json=STREAM_REQUEST) as response,
-    ):
-        with pytest.raises(aiohttp.ClientPayloadError):  # cut for the client too
-            async for piece in response.content.iter_any():
-                received += piece
-    assert received == first
+    assert await _read_cut_stream(proxy.base_url) == first  # cut for the client too
     [exchange] = await proxy.recorder.wait_for(1)
     assert (exchange.outcome, exchange.status) == ("timeout", 200)
     assert "silent" in (exchange.error or "")
