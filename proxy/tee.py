@@ -278,7 +278,7 @@ class StreamTee:
     def feed_later(self, piece: bytes, *, delivered: bool, written: bytes | None = None) -> None:
         """Look at `piece`, the next piece of the body, a moment from now (with `later`; at
         once without); `delivered`: it was written to the client just now, as it came or as
-        `written` (`rewrite`)."""
+        `written` (without its `"usage":null` members)."""
         now = time.perf_counter()
         self._client_has_all = delivered
         if self._later is None:
@@ -442,10 +442,13 @@ class StreamTee:
         return drops
 
     def _final_event(self, delivered: bool | None) -> None:
-        if self._final is _Final.NOT_SEEN:
-            self._final = {True: _Final.DELIVERED, False: _Final.LOST, None: _Final.UNSENT}[
-                delivered
-            ]
+        """The stream's final event has come; `delivered`: as for `_look`."""
+        if self._final is not _Final.NOT_SEEN:
+            return
+        if delivered is None:
+            self._final = _Final.UNSENT
+        else:
+            self._final = _Final.DELIVERED if delivered else _Final.LOST
 
     def _generic_event(self, chunk: dict[str, Any], arrived: float) -> None:
         """Streams no assembler knows: keep the events as they came, and any usage."""
