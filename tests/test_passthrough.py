@@ -466,9 +466,9 @@ async def test_api_key_never_reaches_database_or_spool(
     )
     runner = make_runner(build_app(config, DatabaseRecorder(config)), config)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    base = f"http://127.0.0.1:{port}/v1"
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    base = f"http://{host}:{port}/v1"
     requests = [
         ("/models", {"Authorization": f"Bearer {SECRETS['bearer']}"}),
         ("/models", {"Authorization": f"Bearer {SECRETS['short']}"}),
