@@ -65,7 +65,9 @@ class Config:
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
     max_request_bytes: int = 64 * 1024 * 1024
+    client_body_timeout: float = 60.0
     max_record_bytes: int = 16 * 1024 * 1024
+    max_stream_record_bytes: int = 16 * 1024 * 1024
     store_raw_stream: bool = True
     shutdown_grace: float = 30.0
     queue_size: int = 10_000
@@ -173,7 +175,9 @@ KEYS: dict[str, Key] = {
     "connect_timeout": Key(_seconds, "seconds to connect to an upstream"),
     "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
     "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
+    "client_body_timeout": Key(_seconds, "seconds a client may take to send its body (408)"),
     "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
+    "max_stream_record_bytes": Key(_positive_int, "bytes of a stream its record is made from"),
     "store_raw_stream": Key(_bool, "keep the exact bytes of streams for playback"),
     "shutdown_grace": Key(_seconds, "seconds in-flight exchanges get on SIGTERM"),
     "queue_size": Key(_positive_int, "records held in memory before spilling to the spool"),

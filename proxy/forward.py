@@ -27,8 +27,9 @@ from .exchange import Exchange, format_id, id_place
 from .forms import FORM_KEYS, form_fields
 from .headers import control_headers, response_headers, upstream_headers
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .paths import Refused, mask_query, route
 from .recorder import Recorder
-from .tee import StreamTee
+from .tee import StreamTee, without_null_usage
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +52,6 @@ def error_response(
         content_type="application/json",
         headers=headers,
     )
-
-
-def match_upstream(upstreams: tuple[Upstream, ...], raw_path: str) -> tuple[Upstream, str] | None:
-    """The upstream whose prefix is the longest match for the path, and the rest of the path.
-
-    A prefix matches whole path segments only: `/v1` serves `/v1/models`, never `/v10/models`.
-    """
-    best: tuple[Upstream, str] | None = None
-    for upstream in upstreams:
-        prefix = "" if upstream.prefix == "/" else upstream.prefix
-        rest = raw_path[len(prefix) :]
-        if not raw_path.startswith(prefix) or rest[:1] not in ("", "/", "?"):
-            continue
-        if best is None or len(prefix) > len(best[0].prefix):
-            best = (upstream, rest)
-    return best
 
 
 class _Response(web.StreamResponse):
@@ -108,19 +93,23 @@ async def forward(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     place = id_place()  # now: ids sort as the requests came
     config = request.app[APP_CONFIG]
-    raw_path = request.raw_path
-    route = match_upstream(config.upstreams, raw_path)
-    if route is None:
+    found = route(config.upstreams, request.raw_path)
+    if found is None:
         return error_response(
             404,
             f"flightrec: no upstream serves {request.path}",
             "invalid_request_error",
             "unknown_url",
         )
-    upstream, rest = route
+    if isinstance(found, Refused):
+        upstream, rest = found.upstream, found.rest
+    else:
+        upstream, rest = found
     record = _Record(place, request.method, upstream, rest, began)
     tees: list[StreamTee] = []
     try:
+        if isinstance(found, Refused):
+            return _refuse_path(record.exchange(), upstream)
         return await _relay(request, config, upstream, rest, record, started, tees)
     except asyncio.CancelledError:
         exchange = record.exchange()
@@ -225,7 +214,7 @@ def _conclude(
     client's next request has gone on (`Later`), so that none of it delays a byte."""
     try:
         exchange.path = request.path
-        exchange.query = request.query_string
+        exchange.query = mask_query(request.query_string)
         for tee in tees:
             tee.finish()
             if exchange.outcome == "ok" and (exchange.status or 0) >= 400:
@@ -255,7 +244,9 @@ async def _relay(
     tees: list[StreamTee],
 ) -> web.StreamResponse:
     try:
-        body = await request.read()
+        body = await _read_body(request, config.client_body_timeout)
+    except TimeoutError:
+        return await _too_slow(request, record.exchange(), config.client_body_timeout)
     except web.HTTPRequestEntityTooLarge:
         exchange = record.exchange()
         exchange.outcome = "proxy_error"
@@ -325,6 +316,7 @@ async def _relay(
             injected=injected and is_sse,  # an upstream may take the option and answer no stream
             withhold=withhold,
             max_record_bytes=config.max_record_bytes,
+            max_stream_record_bytes=config.max_stream_record_bytes,
             started=started,
             keep_raw=config.store_raw_stream,
             later=request.app[APP_READ_LATER],
@@ -354,6 +346,36 @@ async def _relay(
         return response
 
 
+async def _read_body(request: web.Request, seconds: float) -> bytes:
+    """The request body; TimeoutError when the client has not sent all of it `seconds` after
+    its headers. Nearly every body came with its headers and is read without a timer."""
+    if request.content.is_eof():
+        return await request.read()
+    async with asyncio.timeout(seconds):
+        return await request.read()
+
+
+async def _too_slow(request: web.Request, exchange: Exchange, seconds: float) -> web.Response:
+    """Answer 408 and end the connection on our side: the client reads the answer to its
+    end at once (aiohttp still reads and drops what it sends for a while before it closes:
+    closing with unread bytes would reset the connection, losing the answer)."""
+    exchange.status = 408
+    exchange.outcome = "proxy_error"
+    exchange.error = (
+        f"the client did not send its whole body within client_body_timeout ({seconds:g} s)"
+    )
+    response = error_response(
+        408, f"flightrec: {exchange.error}", "invalid_request_error", "request_timeout", exchange.id
+    )
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    transport = request.transport
+    if transport is not None and transport.can_write_eof():
+        transport.write_eof()
+    return response
+
+
 async def _send(
     session: aiohttp.ClientSession, request: web.Request, url: URL, body: bytes, injected: bool
 ) -> aiohttp.ClientResponse:
@@ -378,6 +400,7 @@ async def _pump(
     for and the piece may hold it. The exchange's record is made (`tee.exchange`) once the first
     piece is on its way."""
     client_here = True
+    whole = False
 
     async def send(data: bytes) -> bool:
         """Write to the client; False once it has gone."""
@@ -393,17 +416,21 @@ async def _pump(
 
     try:
         async for piece in upstream_response.content.iter_any():
-            if tee.withhold and not tee.passes(piece):
+            if not tee.withhold:
+                tee.feed_later(piece, delivered=client_here and await send(piece))
+            elif tee.passes(piece):
+                out = without_null_usage(piece)
+                tee.feed_later(piece, delivered=client_here and await send(out), written=out)
+            else:
                 out = tee.feed(piece)
                 # Even b"": headers held for a first piece go out now.
                 if client_here and await send(out):
                     tee.delivered(out)
-            else:
-                tee.feed_later(piece, delivered=client_here and await send(piece))
             if not client_here and cancel_on_disconnect:
                 tee.exchange.error = "client disconnected; upstream request cancelled"
                 upstream_response.close()
                 break
+        whole = client_here  # the body ended, and the client was there for all of it
     except TimeoutError:
         tee.exchange.outcome = "timeout"
         tee.exchange.error = "upstream went silent mid-body (read_timeout)"
@@ -414,7 +441,7 @@ async def _pump(
         tee.exchange.outcome = "upstream_disconnected"
         tee.exchange.error = f"upstream connection lost: {exc}"
     finally:
-        rest = tee.end()
+        rest = tee.end(whole=whole)
     if rest and client_here and await send(rest):
         tee.delivered(rest)
 
@@ -441,6 +468,15 @@ def _describe_request(exchange: Exchange, headers: Any) -> None:
         exchange.stream = exchange.stream or payload.get("stream") in (True, "true")
         user = payload.get("user") or payload.get("safety_identifier")
         exchange.user = controls.user or (user if isinstance(user, str) else None)
+
+
+def _refuse_path(exchange: Exchange, upstream: Upstream) -> web.Response:
+    """A path whose dot segments lead out of the upstream's base path never goes upstream."""
+    exchange.status = 400
+    exchange.outcome = "proxy_error"
+    exchange.error = f"path leaves the base path of upstream {upstream.name!r}"
+    message = f"flightrec: {exchange.error} ({upstream.prefix})"
+    return error_response(400, message, "invalid_request_error", "invalid_path", exchange.id)
 
 
 def _unreachable(

@@ -33,8 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .app import build_app, make_runner
 from .config import Config, Upstream
-from .forward import error_response, match_upstream
+from .forward import error_response
 from .keys import APP_CONFIG
+from .paths import mask_query, match_upstream
 from .recorder import MemoryRecorder, Recorder
 from .replay import relative_path
 from .store.read import reading
@@ -124,7 +125,8 @@ async def _playback(request: web.Request, handler: Handler) -> web.StreamRespons
     rest = relative_path(config.upstreams, route[0].name, request.path)
     if rest is not None and (payload is not None or not body):
         canon = canonical(payload, playback.options.ignore_fields)
-        found = playback.index.get(request_key(request.method, rest, request.query_string, canon))
+        query = mask_query(request.query_string)  # as the record keeps it
+        found = playback.index.get(request_key(request.method, rest, query, canon))
     if found is None:
         if playback.options.miss == "forward":
             return await handler(request)

@@ -27,7 +27,7 @@ from aiohttp import web
 from .app import build_app, make_runner
 from .config import Config, Upstream
 from .dbrecorder import open_recorder
-from .forward import match_upstream
+from .paths import match_upstream
 from .store.engine import StoreError
 from .store.read import get_exchange, reading
 from .store.scan import Filters, select_ids

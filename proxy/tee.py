@@ -4,7 +4,8 @@
 Server-Sent Events, reassembles chat completions and fills the exchange. It does no I/O, so the
 forwarder stays a plain copy loop. The one time it must look before the client gets the bytes
 is when the proxy asked for stream usage itself: then `Withholder` cuts exactly that usage event
-out of the stream and releases everything else up to the start of the event being received.
+out of the stream (and the `"usage":null` members the option added to the others) and releases
+everything else up to the start of the event being received.
 
 It looks at a piece the client already has a moment later (`feed_later`, through `Later`), not
 right after writing it: the kernel wakes the reader of a local socket on the writer's CPU, so
@@ -14,6 +15,7 @@ stream's first byte).
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import time
@@ -24,7 +26,7 @@ from typing import Any, Protocol
 import orjson
 
 from .assemble import ChatAssembler
-from .assemble_other import CompletionAssembler, ResponsesAssembler
+from .assemble_other import TERMINAL_EVENTS, CompletionAssembler, ResponsesAssembler
 from .exchange import Exchange
 from .later import Later
 from .rawcopy import RawCopy
@@ -46,6 +48,48 @@ def _holds_usage(piece: bytes) -> bool:
     return (
         keys > 0 and keys != piece.count(b'"usage":null') and _USAGE_VALUE.search(piece) is not None
     )
+
+
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null\b|"usage"\s*:\s*null\s*,\s*')
+"""A `"usage": null` member however spaced, with the comma that separates it."""
+
+
+def without_null_usage(events: bytes) -> bytes:
+    """Whole events with their `"usage":null` members removed. An upstream asked for stream
+    usage adds one to every chunk (OpenAI does); a client that did not ask gets the chunks
+    as they would have come without the option. A JSON string cannot hold `"usage"` with
+    unescaped quotes, so every match is a key."""
+    events = events.replace(b',"usage":null', b"")
+    if b'"usage"' in events:  # another spelling (or a usage object, which stays)
+        events = _NULL_USAGE.sub(b"", events)
+    return events
+
+
+def _read_past_the_bound(event: Event) -> bool:
+    """Whether an event past `max_stream_record_bytes` is parsed: one that may carry usage,
+    an error or the end of the stream, told by its bytes (content chunks are not)."""
+    return event.event in TERMINAL_EVENTS or _holds_usage(event.data) or b'"error"' in event.data
+
+
+def _past_the_bound(chunk: dict[str, Any]) -> dict[str, Any]:
+    """What the record takes from an event past `max_stream_record_bytes`: its usage, error
+    and type, and a Responses snapshot without its output (which repeats the whole stream)."""
+    kept: dict[str, Any] = {key: chunk[key] for key in ("type", "usage", "error") if key in chunk}
+    response = chunk.get("response")
+    if isinstance(response, dict):
+        kept["response"] = {key: value for key, value in response.items() if key != "output"}
+    return kept
+
+
+class _Final(enum.Enum):
+    """Where a stream's final event is, for the client."""
+
+    NOT_SEEN = enum.auto()
+    UNSENT = enum.auto()
+    """In bytes held back until now, that the forwarder is writing (`StreamTee.delivered`)."""
+    DELIVERED = enum.auto()
+    LOST = enum.auto()
+    """Arrived after the client had gone."""
 
 
 class Assembler(Protocol):
@@ -139,6 +183,7 @@ class StreamTee:
         injected: bool,
         withhold: bool,
         max_record_bytes: int,
+        max_stream_record_bytes: int = 16 * 1024 * 1024,
         started: float,
         keep_raw: bool = False,
         later: Later | None = None,
@@ -153,12 +198,20 @@ class StreamTee:
         self._injected = injected
         self._started = started
         self._max = max_record_bytes
+        """Bytes of a non-stream body the record keeps."""
+        self._max_stream = max_stream_record_bytes
+        """Bytes of a stream the record is made from; past them only what the record cannot
+        do without is read (`_past_the_bound`)."""
+        self._stream_bytes = 0
+        self._truncated = False
+        self._events_past = 0
+        """Events that came past `_max_stream` and were not recorded."""
         self._encoding = encoding
         self._is_sse = sse
         self._later = later
-        self._waiting: list[tuple[bytes, float, bool]] = []
-        """Pieces the tee has not looked at yet: when each arrived and whether it went to the
-        client then."""
+        self._waiting: list[tuple[bytes, float, bool, bytes | None]] = []
+        """Pieces the tee has not looked at yet: when each arrived, whether it went to the
+        client then, and what went when that was not the piece itself."""
         self._end_waits = False
         """`end` was called and left the end of the body to `finish`."""
         self._ended_at = 0.0
@@ -167,6 +220,13 @@ class StreamTee:
         self._keep_raw = keep_raw and sse
         self._set_up = False
         """The parts below are made on first use: after the first piece went to the client."""
+        self._final = _Final.NOT_SEEN
+        """Where the stream's final event ([DONE], a Responses stream's terminal event) is."""
+        self._client_has_all = True
+        """Every piece of the body so far was written to the client (once one was not, none
+        after it is: the client has gone)."""
+        self._ended_whole = False
+        """The upstream's body ended normally (not cut, not abandoned)."""
 
     @property
     def exchange(self) -> Exchange:
@@ -192,7 +252,6 @@ class StreamTee:
         self._body = bytearray()
         self._body_full = False
         self._events: list[Any] = []
-        self._events_size = 0
         self._done = False
         self._stream_error: Any = None
         self._usage: dict[str, Any] | None = None
@@ -216,21 +275,24 @@ class StreamTee:
             and not _holds_usage(piece)
         )
 
-    def feed_later(self, piece: bytes, *, delivered: bool) -> None:
+    def feed_later(self, piece: bytes, *, delivered: bool, written: bytes | None = None) -> None:
         """Look at `piece`, the next piece of the body, a moment from now (with `later`; at
-        once without); `delivered`: it was written to the client just now."""
+        once without); `delivered`: it was written to the client just now, as it came or as
+        `written` (without its `"usage":null` members)."""
         now = time.perf_counter()
+        self._client_has_all = delivered
         if self._later is None:
-            self._look(piece, now, delivered)
+            self._look(piece, now, delivered, written)
             return
         if not self._waiting:
             self._later.add(self._catch_up)
-        self._waiting.append((piece, now, delivered))
+        self._waiting.append((piece, now, delivered, written))
 
     def feed(self, piece: bytes) -> bytes:
         """Look at the next piece of the body now; returns the bytes the client may have."""
         self._catch_up()
-        return self._look(piece, time.perf_counter(), False)
+        self._client_has_all = False  # until `delivered` says the bytes released went out
+        return self._look(piece, time.perf_counter(), None)
 
     def _catch_up(self) -> None:
         """Look at the pieces waiting, in order."""
@@ -238,8 +300,8 @@ class StreamTee:
             return
         waiting, self._waiting = self._waiting, []
         try:
-            for piece, arrived, delivered in waiting:
-                self._look(piece, arrived, delivered)
+            for piece, arrived, delivered, written in waiting:
+                self._look(piece, arrived, delivered, written)
         except Exception as exc:  # a bug: the client has the bytes, the record says what broke
             log.exception("exchange %s: reading the body failed", self.exchange.id)
             self._readable = False
@@ -248,9 +310,13 @@ class StreamTee:
                 exchange.outcome = "proxy_error"
                 exchange.error = f"reading the body failed: {type(exc).__name__}: {exc}"
 
-    def _look(self, piece: bytes, arrived: float, delivered: bool) -> bytes:
+    def _look(
+        self, piece: bytes, arrived: float, delivered: bool | None, written: bytes | None = None
+    ) -> bytes:
+        """Parse `piece`; `delivered`: it was written to the client, as `written` if that is
+        given (None: the caller writes what this returns and says so with `delivered`)."""
         if delivered:
-            self._delivered(piece, arrived)
+            self._delivered(piece if written is None else written, arrived)
         if not self._set_up:
             self._setup()
         data = piece
@@ -266,40 +332,49 @@ class StreamTee:
         if self._sse is None:
             self._capture(data)
             return piece
-        drops = self._on_events(self._sse.feed(data), arrived)
+        self._stream_bytes += len(data)
+        if self._stream_bytes > self._max_stream:
+            self._truncated = True
+        drops = self._on_events(self._sse.feed(data), arrived, delivered)
         if self._withholder is None:
             return piece
         safe = self._sse.pending_start
-        return self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
+        out = self._withholder.release(piece, drops, self._sse.offset if safe is None else safe)
+        return without_null_usage(out)
 
     def delivered(self, data: bytes) -> None:
-        """`data` has been written to the client just now."""
+        """`data`, bytes `feed` or `end` returned, has been written to the client just now."""
         self._catch_up()
+        self._client_has_all = True
+        if self._final is _Final.UNSENT:
+            self._final = _Final.DELIVERED
         self._delivered(data, time.perf_counter())
 
     def _delivered(self, data: bytes, when: float) -> None:
         if not data:
             return
         self.exchange.response_bytes += len(data)
-        if self._keep_raw:
+        if self._keep_raw and not self._truncated:
             if self._raw is None:
                 self._raw = RawCopy()
             self._raw.add(data, (when - self._started) * 1000)
 
-    def end(self) -> bytes:
-        """The body has ended (or broken); returns bytes still held back, which the client
-        may have now. Bytes are held back only in the middle of an event: otherwise the rest
-        of the body is read by `finish`, off the way of the body's end."""
+    def end(self, *, whole: bool = False) -> bytes:
+        """The body has ended (`whole`: normally, not cut or abandoned) or broken; returns
+        bytes still held back, which the client may have now. Bytes are held back only in the
+        middle of an event: otherwise the rest of the body is read by `finish`, off the way of
+        the body's end."""
         self._ended_at = time.perf_counter()
+        self._ended_whole = whole
         if not self.withhold or self._between_events():
             self._end_waits = True
             return b""
         self._catch_up()
-        return self._end_body()
+        return self._end_body(None)
 
-    def _end_body(self) -> bytes:
+    def _end_body(self, delivered: bool | None) -> bytes:
         """Parse what is left of the body (events in it came when it ended); returns bytes
-        still held."""
+        still held. `delivered`: as for `_look`, of the body's last bytes."""
         if not self._set_up:
             self._setup()
         rest = b""
@@ -312,14 +387,17 @@ class StreamTee:
             if self._sse is None:
                 self._capture(tail)
             elif tail:
-                self._on_events(self._sse.feed(tail), self._ended_at)
+                self._on_events(self._sse.feed(tail), self._ended_at, delivered)
         if self._sse is not None and self._readable:
-            drops = self._on_events(self._sse.flush(), self._ended_at)
+            drops = self._on_events(self._sse.flush(), self._ended_at, delivered)
             if self._withholder is not None:
-                rest = self._withholder.release(b"", drops, self._sse.offset)
+                rest = without_null_usage(self._withholder.release(b"", drops, self._sse.offset))
         return rest
 
-    def _on_events(self, events: list[Event], arrived: float) -> list[tuple[int, int]]:
+    def _on_events(
+        self, events: list[Event], arrived: float, delivered: bool | None
+    ) -> list[tuple[int, int]]:
+        """Record `events`; returns the spans to withhold. `delivered`: as for `_look`."""
         drops: list[tuple[int, int]] = []
         exchange = self.exchange
         for event in events:
@@ -327,6 +405,10 @@ class StreamTee:
             data = event.data
             if data == b"[DONE]":
                 self._done = True
+                self._final_event(delivered)
+                continue
+            if self._truncated and not _read_past_the_bound(event):
+                self._events_past += 1
                 continue
             try:
                 chunk = orjson.loads(data)
@@ -338,6 +420,13 @@ class StreamTee:
                 continue
             if chunk.get("error") is not None or chunk.get("type") == "error":
                 self._stream_error = chunk.get("error") or chunk
+            if chunk.get("type") in TERMINAL_EVENTS:
+                self._final_event(delivered)
+            if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):
+                drops.append((event.start, event.end))
+            if self._truncated:
+                self._events_past += 1
+                chunk = _past_the_bound(chunk)
             if self._assembler is not None:
                 try:
                     produced = self._assembler.add(chunk)
@@ -349,23 +438,26 @@ class StreamTee:
                 if produced and exchange.ttft_ms is None:
                     exchange.ttft_ms = (arrived - self._started) * 1000
             else:
-                self._generic_event(chunk, len(data), arrived)
-            if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):
-                drops.append((event.start, event.end))
+                self._generic_event(chunk, arrived)
         return drops
 
-    def _generic_event(self, chunk: dict[str, Any], size: int, arrived: float) -> None:
+    def _final_event(self, delivered: bool | None) -> None:
+        """The stream's final event has come; `delivered`: as for `_look`."""
+        if self._final is not _Final.NOT_SEEN:
+            return
+        if delivered is None:
+            self._final = _Final.UNSENT
+        else:
+            self._final = _Final.DELIVERED if delivered else _Final.LOST
+
+    def _generic_event(self, chunk: dict[str, Any], arrived: float) -> None:
         """Streams no assembler knows: keep the events as they came, and any usage."""
         if self.exchange.ttft_ms is None:
             self.exchange.ttft_ms = (arrived - self._started) * 1000
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
-        if self._events_size + size <= self._max:
+        if not self._truncated:
             self._events.append(chunk)
-            self._events_size += size
-        elif self._events_size <= self._max:
-            self._events_size = self._max + 1
-            self._problem("stream larger than max_record_bytes: later events not recorded")
 
     def _capture(self, data: bytes) -> None:
         if self._body_full or not data:
@@ -384,8 +476,12 @@ class StreamTee:
         self._catch_up()
         if self._end_waits:
             self._end_waits = False
-            self._end_body()
+            self._end_body(self._client_has_all)
         exchange = self.exchange
+        if exchange.outcome == "client_disconnected" and self._client_has_answer():
+            # The client left after it had the whole answer (the openai SDK closes the
+            # response at [DONE], without waiting for the body's end): nothing was lost.
+            exchange.outcome, exchange.error = "ok", None
         result: Any = None
         if self._assembler is not None:
             result = self._assembler.result()
@@ -403,6 +499,12 @@ class StreamTee:
                 except orjson.JSONDecodeError:
                     self._problem("response body is not valid JSON")
         exchange.response_json = result
+        if self._truncated:
+            exchange.parse_errors.append(
+                f"stream truncated in the record: it is larger than max_stream_record_bytes "
+                f"({self._max_stream}); {self._events_past} later events not recorded "
+                f"(their usage, errors and the final event were read)"
+            )
         if self._raw is not None:
             exchange.raw_stream_gz = self._raw.gzip()
             exchange.raw_pacing = self._raw.pacing()
@@ -435,6 +537,12 @@ class StreamTee:
         ):
             exchange.outcome = "upstream_disconnected"
             exchange.error = "stream ended without its final event ([DONE])"
+
+    def _client_has_answer(self) -> bool:
+        """The client was sent the whole answer: the stream's final event, or the whole body."""
+        if self._final is _Final.DELIVERED:
+            return True
+        return self._ended_whole and self._client_has_all
 
     def _problem(self, text: str) -> None:
         if len(self.exchange.parse_errors) < 20:

@@ -394,3 +394,161 @@ async def test_the_record_is_made_once_the_answer_is_on_its_way_to_the_client(
     assert streamed.upstream_url == upstream.url + "/chat/completions"
     assert (streamed.status, streamed.content_type) == (200, "text/event-stream")
     assert streamed.stream and streamed.ttfb_ms is not None and streamed.ttfb_ms > 0
+
+
+def _late_end(body: bytes) -> Callable[[web.Request], Any]:
+    """An upstream that sends the whole stream at once and ends its body 300 ms later: the
+    SDK stops at `[DONE]` and closes the response before the body's end reaches it."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(body)
+        await asyncio.sleep(0.3)
+        await response.write_eof()
+        return response
+
+    return answer
+
+
+def _responses_stream(text: str) -> bytes:
+    """A short Responses API stream, as OpenAI sends it: no [DONE], a terminal event."""
+    final = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "model": "gpt-4.1",
+        "output": [
+            {
+                "id": "msg_1",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+    }
+    events = [
+        {"type": "response.created", "response": {**final, "status": "in_progress"}},
+        {
+            "type": "response.output_text.delta",
+            "item_id": "msg_1",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": text,
+        },
+        {"type": "response.completed", "response": final},
+    ]
+    return b"".join(
+        b"event: %s\ndata: %s\n\n" % (e["type"].encode(), orjson.dumps({**e, "sequence_number": n}))
+        for n, e in enumerate(events)
+    )
+
+
+async def _stream_sdk(base_url: str, *, sync: bool, api: str) -> str:
+    """One stream through a fresh client, as a CLI makes it: the text it got. Chat streams
+    end where the SDK stops, at [DONE]; a Responses stream where the caller stops reading,
+    at its terminal event (the SDK itself would read on to the body's end)."""
+    chat: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+    if api == "chat+usage":
+        chat["stream_options"] = {"include_usage": True}
+
+    def text_of(item: Any) -> str:
+        if api == "responses":
+            return str(getattr(item, "delta", ""))
+        return "".join(c.delta.content or "" for c in item.choices)
+
+    def call_sync() -> str:
+        client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+        try:
+            create = client.chat.completions.create
+            if api == "responses":
+                stream: Any = client.responses.create(model="m", input="hi", stream=True)
+            else:
+                stream = create(**chat)
+            with stream:
+                got = []
+                for item in stream:
+                    got.append(text_of(item))
+                    if getattr(item, "type", "") == "response.completed":
+                        break
+                return "".join(got)
+        finally:
+            client.close()
+
+    async def call_async() -> str:
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0) as client:
+            if api == "responses":
+                stream: Any = await client.responses.create(model="m", input="hi", stream=True)
+            else:
+                stream = await client.chat.completions.create(**chat)
+            async with stream:
+                got = []
+                async for item in stream:
+                    got.append(text_of(item))
+                    if getattr(item, "type", "") == "response.completed":
+                        break
+                return "".join(got)
+
+    return await asyncio.to_thread(call_sync) if sync else await call_async()
+
+
+@pytest.mark.parametrize("api", ["chat", "chat+usage", "responses"])
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_streams_the_sdk_closes_after_the_final_event_are_recorded_ok(
+    upstream: FakeUpstream, proxy: RunningProxy, sync: bool, api: str
+) -> None:
+    """A CLI makes a fresh client per call and closes the response as soon as the final event
+    has come: the client has the whole answer, so the exchange is `ok`, whatever the socket
+    does after (here the upstream's body ends 300 ms later)."""
+    streams = 20
+    text = upstream.completion["choices"][0]["message"]["content"]
+    if api == "responses":
+        upstream.override = _late_end(_responses_stream(text))
+    else:
+        upstream.override = _late_end(upstream.stream_body(include_usage=True))
+    for _ in range(streams):
+        assert await _stream_sdk(proxy.base_url, sync=sync, api=api) == text
+    recorded = await proxy.recorder.wait_for(streams, within=20)
+    assert [(ex.outcome, ex.error) for ex in recorded] == [("ok", None)] * streams
+    assert all(ex.usage is not None for ex in recorded)
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_an_sdk_client_leaving_mid_stream_is_client_disconnected(
+    upstream: FakeUpstream, proxy: RunningProxy, sync: bool
+) -> None:
+    body = upstream.stream_body(include_usage=True)
+    first = body[: body.index(b"\n\n") + 2]
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        await asyncio.sleep(5)  # the client leaves before: the proxy cancels this
+        await response.write(body[len(first) :])
+        return response
+
+    upstream.override = answer
+    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+
+    def leave_sync() -> None:
+        with (
+            openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0) as client,
+            client.chat.completions.create(**kwargs) as stream,
+        ):
+            next(iter(stream))
+
+    async def leave_async() -> None:
+        async with (
+            openai.AsyncOpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0) as client,
+            await client.chat.completions.create(**kwargs) as stream,
+        ):
+            await anext(aiter(stream))
+
+    await asyncio.to_thread(leave_sync) if sync else await leave_async()
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.outcome == "client_disconnected"
+    assert exchange.response_bytes == len(first.replace(b',"usage":null', b""))

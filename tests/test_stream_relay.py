@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import itertools
+import json
 import random
 import time
 from typing import Any
@@ -20,7 +21,7 @@ from proxy.later import Later
 from proxy.tee import StreamTee
 
 from .conftest import FakeUpstream, RunningProxy, captures
-from .streamgen import chunks_to_sse
+from .streamgen import chunks_to_sse, completion_to_chunks, cut_bytes
 
 UTF8_HEAVY = "Ünïcödé — 世界の皆さん、こんにちは 🚀🎉 ½ ∑ ñ"
 
@@ -43,11 +44,12 @@ async def _post_raw(base_url: str, body: dict[str, Any]) -> tuple[int, dict[str,
 
 
 def _less_usage_event(body: bytes) -> bytes:
-    """The SSE body without its usage-only event (`"choices":[]` with a usage object)."""
+    """The SSE body without its usage-only event (`"choices":[]` with a usage object) and
+    the `"usage":null` members of its other chunks."""
     events = body.split(b"\n\n")
     kept = [e for e in events if not (b'"choices":[]' in e and b'"usage":{' in e)]
     assert len(kept) == len(events) - 1, "expected exactly one usage event"
-    return b"\n\n".join(kept)
+    return b"\n\n".join(kept).replace(b',"usage":null', b"")
 
 
 @pytest.mark.parametrize("piece_size", [1, 7, None, "event"])
@@ -60,10 +62,14 @@ async def test_stream_bytes_are_the_upstreams(
         upstream.by_event, upstream.pause = True, 0.002
     else:
         upstream.piece_size = piece_size
+    _, _, direct = await _post_raw(upstream.url, _request(True, include_usage))
     status, headers, received = await _post_raw(proxy.base_url, _request(True, include_usage))
     assert status == 200
     sent = bytes(upstream.sent)
     assert b'"usage":{' in sent  # the proxy asked for usage either way
+    # The client gets what it gets without the proxy: when the proxy asked for usage, the
+    # usage event and the `"usage":null` the upstream added to every chunk are not its.
+    assert received == direct
     assert received == (sent if include_usage else _less_usage_event(sent))
     [exchange] = await proxy.recorder.wait_for(1)
     assert headers["X-Flightrec-Id"] == exchange.id
@@ -287,7 +293,8 @@ async def test_withheld_usage_event_with_crlf(
         upstream.piece_size = 1
     _, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=False))
     events = body.split(b"\r\n\r\n")
-    assert received == b"\r\n\r\n".join([events[0], *events[2:]])
+    first = events[0].replace(b',"usage":null', b"")
+    assert received == b"\r\n\r\n".join([first, *events[2:]])
     [exchange] = await proxy.recorder.wait_for(1)
     assert exchange.usage == chunks[1]["usage"] and exchange.usage_source == "injected"
 
@@ -313,19 +320,22 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
     assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")
 
 
-def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
+def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> StreamTee:
+    settings: dict[str, Any] = {"max_record_bytes": 1 << 20, **options}
     return StreamTee(
-        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
-        path="/chat/completions",
+        Exchange.start("POST", "/v1" + path, "", "openai"),
+        path=path,
         encoding="",
-        sse=True,
+        sse=sse,
         injected=withhold,
         withhold=withhold,
-        max_record_bytes=1 << 20,
         started=time.perf_counter(),
-        keep_raw=True,
-        later=later,
+        **settings,
     )
+
+
+def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
+    return _tee("/chat/completions", sse=True, later=later, withhold=withhold, keep_raw=True)
 
 
 @pytest.mark.parametrize(
@@ -434,3 +444,220 @@ async def test_an_event_the_end_of_the_body_completes_is_timed_when_the_body_end
     tee.finish()
     ttft = tee.exchange.ttft_ms
     assert tee.exchange.chunks == 1 and ttft is not None and ttft <= (ended - before) * 1000
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["body-ended", "body-abandoned"])
+def test_a_client_that_left_after_the_whole_body_had_its_answer(whole: bool) -> None:
+    """A body without a final event (a non-stream, a stream of unknown events) was answered
+    whole when the upstream's body ended and every piece of it went to the client: the
+    client leaving then (`write_eof` finds the socket reset) loses nothing."""
+    tee = _tee("/files", sse=False)
+    tee.feed_later(b'{"id": "file-1"}', delivered=True)
+    tee.end(whole=whole)
+    tee.exchange.outcome = "client_disconnected"
+    tee.finish()
+    assert tee.exchange.outcome == ("ok" if whole else "client_disconnected")
+
+
+def _usage_first(chunk: dict[str, Any]) -> bytes:
+    if "usage" in chunk:
+        chunk = {"usage": chunk["usage"], **chunk}
+    return json.dumps(chunk).encode()
+
+
+SPELLINGS = {
+    "openai": orjson.dumps,  # {...,"choices":[...],"usage":null}
+    "spaced": lambda chunk: json.dumps(chunk).encode(),  # {..., "usage": null}
+    "usage-first": _usage_first,  # {"usage": null, ...}
+}
+
+
+def _answer_by_option(
+    upstream: FakeUpstream, spell: Any, max_piece: int | None, continuous: bool = False
+) -> Any:
+    """An upstream that streams as OpenAI does: asked for usage, it adds a usage event and a
+    `"usage": null` to every other chunk (or, `continuous`, as vLLM's continuous usage
+    stats do, a usage object to every chunk); its pieces cut at random places, or one event
+    each (`max_piece` None)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        options = (await request.json()).get("stream_options") or {}
+        asked = options.get("include_usage") is True
+        chunks = completion_to_chunks(
+            upstream.completion, include_usage=asked, rng=random.Random(3)
+        )
+        if continuous and asked:
+            for chunk in chunks[:-1]:
+                chunk["usage"] = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
+        body = b"".join(b"data: " + spell(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        pieces = (
+            [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+            if max_piece is None
+            else cut_bytes(body, random.Random(max_piece), max_piece=max_piece)
+        )
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+            await asyncio.sleep(0)
+        await response.write_eof()
+        upstream.sent = bytearray(body)
+        return response
+
+    return answer
+
+
+@pytest.mark.parametrize("max_piece", [1, 9, 40, None], ids=lambda m: f"pieces-{m or 'event'}")
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+async def test_a_client_that_did_not_ask_for_usage_gets_the_bytes_it_gets_direct(
+    upstream: FakeUpstream, proxy: RunningProxy, spelling: str, max_piece: int | None
+) -> None:
+    """The proxy's usage option changes every chunk the upstream sends (`"usage":null`); the
+    client gets them as they come without the option, byte for byte, however they are cut."""
+    upstream.completion["choices"][0]["message"]["content"] = UTF8_HEAVY
+    upstream.override = _answer_by_option(upstream, SPELLINGS[spelling], max_piece)
+    _, _, direct = await _post_raw(upstream.url, _request(True, include_usage=False))
+    assert b'"usage"' not in direct
+    _, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=False))
+    assert upstream.sent.count(b"null") > direct.count(b"null")  # the upstream added them
+    assert received == direct
+    [exchange] = await proxy.recorder.wait_for(1)
+    assert exchange.usage == upstream.completion["usage"] and exchange.usage_source == "injected"
+    assert exchange.response_bytes == len(received)
+    assert gzip.decompress(exchange.raw_stream_gz or b"") == received
+
+
+@pytest.mark.parametrize("max_piece", [7, None], ids=lambda m: f"pieces-{m or 'event'}")
+async def test_content_chunks_that_carry_usage_reach_the_client(
+    upstream: FakeUpstream, proxy: RunningProxy, max_piece: int | None
+) -> None:
+    """vLLM's continuous usage stats put a usage object in every content chunk: only the
+    usage-only event the proxy asked for is withheld, never a chunk with content."""
+    upstream.completion["choices"][0]["message"]["content"] = UTF8_HEAVY
+    upstream.override = _answer_by_option(upstream, orjson.dumps, max_piece, continuous=True)
+    _, _, received = await _post_raw(proxy.base_url, _request(True, include_usage=False))
+    assert received == _less_usage_event(bytes(upstream.sent))
+    events = [orjson.loads(e[6:]) for e in received.split(b"\n\n")[:-2]]
+    assert all(e["usage"] is not None for e in events)
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert text == UTF8_HEAVY
+
+
+async def test_while_it_injects_the_proxy_asks_for_an_uncompressed_stream(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    """Bytes cannot be cut out of a compressed stream: the proxy asks for none when it must
+    withhold the usage event, whatever the client accepts."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        options = (await request.json()).get("stream_options") or {}
+        chunks = completion_to_chunks(
+            upstream.completion, include_usage=bool(options), rng=random.Random(5)
+        )
+        body = chunks_to_sse(chunks)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body)
+            response.headers["Content-Encoding"] = "gzip"
+        await response.prepare(request)
+        await response.write(body)
+        return response
+
+    upstream.override = answer
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            proxy.base_url + "/chat/completions",
+            json=_request(True),
+            headers={"Accept-Encoding": "gzip, deflate"},
+        ) as response,
+    ):
+        received = await response.read()
+    assert upstream.seen[-1].headers["Accept-Encoding"] == "identity"
+    assert b'"usage"' not in received
+    assert received == chunks_to_sse(
+        completion_to_chunks(upstream.completion, include_usage=False, rng=random.Random(5))
+    )
+
+
+async def _stream_in_pieces(request: web.Request, body: bytes) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for start in range(0, len(body), 1 << 16):
+        await response.write(body[start : start + (1 << 16)])
+    await response.write_eof()
+    return response
+
+
+async def test_a_stream_past_max_stream_record_bytes_is_relayed_whole_and_recorded_bounded(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    """A 24 MB stream through a proxy that records 256 KiB of a stream: the client gets every
+    byte it gets direct; the record keeps the start of the answer, its usage and its end,
+    counts every byte and says it was truncated."""
+    bound = 256 * 1024
+    usage = {"prompt_tokens": 5, "completion_tokens": 180_000, "total_tokens": 180_005}
+    head = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        asked = "stream_options" in await request.json()
+        null = b',"usage":null' if asked else b""
+        event = head + b'[{"index":0,"delta":{"content":"%06d word "}}]' + null + b"}\n\n"
+        body = b"".join(event % i for i in range(180_000))
+        if asked:
+            body += head + b'[],"usage":' + orjson.dumps(usage) + b"}\n\n"
+        return await _stream_in_pieces(request, body + b"data: [DONE]\n\n")
+
+    upstream.override = answer
+    proxy = await make_proxy(max_stream_record_bytes=bound)
+    _, _, direct = await _post_raw(upstream.url, _request(True))
+    _, _, received = await _post_raw(proxy.base_url, _request(True))
+    assert len(received) > 20_000_000 and received == direct
+    [exchange] = await proxy.recorder.wait_for(1, within=30)
+    assert (exchange.outcome, exchange.usage) == ("ok", usage)
+    assert exchange.response_bytes == len(received)
+    assert exchange.chunks == 180_002
+    content = exchange.response_json["choices"][0]["message"]["content"]
+    assert content.startswith("000000 word 000001 word ") and len(content) < bound
+    assert len(gzip.decompress(exchange.raw_stream_gz or b"")) <= bound + (1 << 16)
+    assert len(exchange.raw_pacing or []) < 10
+    [note] = exchange.parse_errors
+    assert "truncated" in note and "max_stream_record_bytes" in note
+
+
+async def test_a_responses_stream_past_the_bound_keeps_its_usage_not_its_whole_output(
+    upstream: FakeUpstream, make_proxy: Any
+) -> None:
+    """A Responses stream's final event repeats the whole output: past the bound the record
+    takes its usage and status from it, not the output."""
+    bound = 64 * 1024
+    text = "".join(f"{i:06d} word " for i in range(30_000))
+    usage = {"input_tokens": 3, "output_tokens": 30_000, "total_tokens": 30_003}
+    final = {"id": "resp_1", "object": "response", "status": "completed", "model": "m"}
+    final |= {"usage": usage, "output": [{"type": "message", "content": [{"text": text}]}]}
+    events = [{"type": "response.created", "response": {**final, "usage": None, "output": []}}]
+    events += [
+        {"type": "response.output_text.delta", "output_index": 0, "delta": text[i : i + 12]}
+        for i in range(0, len(text), 12)
+    ]
+    events.append({"type": "response.completed", "response": final})
+    body = b"".join(
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    )
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return await _stream_in_pieces(request, body)
+
+    upstream.override = answer
+    proxy = await make_proxy(max_stream_record_bytes=bound)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.base_url + "/responses", json={"model": "m", "stream": True}) as r,
+    ):
+        received = await r.read()
+    assert received == body
+    [exchange] = await proxy.recorder.wait_for(1, within=30)
+    assert (exchange.outcome, exchange.usage) == ("ok", usage)
+    assert exchange.response_json["status"] == "completed"
+    assert len(orjson.dumps(exchange.response_json)) < bound
+    assert any("truncated" in note for note in exchange.parse_errors)
