@@ -182,10 +182,18 @@ KEYS: dict[str, Key] = {
     "spool_path": Key(_str, "file records spill to while the database is unavailable"),
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
 }
+FLAGS = {"db_url": "--db"}
+"""Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
+about a value given by flag name the flag the user typed."""
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
+
+
+def flag(key: str) -> str:
+    """The command-line flag that sets config key `key`."""
+    return FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
@@ -264,15 +272,17 @@ def load(
             values[key] = spec.parse(ENV_PREFIX + key.upper(), env_value)
     for key, value in (overrides or {}).items():
         if value is not None and key in KEYS:
-            values[key] = KEYS[key].parse(f"--{key.replace('_', '-')}", value)
+            values[key] = KEYS[key].parse(flag(key), value)
 
     config = replace(Config(), **values)
     if "upstreams" in raw:
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw:
         config = replace(config, prices=_parse_prices(raw["prices"]))
-    upstream_url = (overrides or {}).get("upstream") or env.get(ENV_PREFIX + "UPSTREAM")
+    upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
+    if not upstream_url:
+        upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"
     if upstream_url:
-        first = replace(config.upstreams[0], base_url=_http_url("upstream", upstream_url))
+        first = replace(config.upstreams[0], base_url=_http_url(where, upstream_url))
         config = replace(config, upstreams=(first, *config.upstreams[1:]))
     return config
