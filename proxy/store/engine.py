@@ -9,7 +9,9 @@ command timeouts, so an outage is noticed in seconds rather than asyncpg's defau
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from typing import Any
 
 import orjson
@@ -59,7 +61,7 @@ def create_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) ->
     backend = parsed.get_backend_name()
     if parsed.drivername == "sqlite+aiosqlite":
         engine = create_async_engine(parsed, json_serializer=dumps, json_deserializer=orjson.loads)
-        _sqlite_pragmas(engine, busy_timeout_ms)
+        _sqlite_pragmas(engine, busy_timeout_ms, sqlite_file(parsed.database))
         return engine
     if parsed.drivername == "postgresql+asyncpg":
         return create_async_engine(
@@ -81,7 +83,28 @@ def create_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) ->
     )
 
 
-def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+def sqlite_file(database: str | None) -> str | None:
+    """The file a SQLite URL's database names; None for memory and `file:` URIs."""
+    if database in (None, "", ":memory:") or database.startswith("file:"):
+        return None
+    return database
+
+
+def create_private(path: str) -> None:
+    """Create the SQLite file at `path`, readable by its owner only, unless it exists.
+
+    Records hold whole prompts and answers. SQLite gives the -wal and -shm files it creates
+    the database file's mode, so this one file decides all three.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
+def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int, path: str | None) -> None:
+    if path is not None:
+        # Before the driver connects: it would create a missing file with the umask's mode.
+        event.listen(engine.sync_engine, "do_connect", lambda *_: create_private(path))
+
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()

@@ -27,7 +27,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..turns import Turns
-from .engine import SQLITE_PAGE_SIZE
+from .engine import SQLITE_PAGE_SIZE, create_private
 from .write import (
     SQLITE_COUNT_FINGERPRINTS,
     Rows,
@@ -75,6 +75,7 @@ class SqliteWriter:
 
     def _connection(self) -> sqlite3.Connection:
         if self._con is None:
+            create_private(self.path)
             # Used from the loop's thread, and by `_commit` from a worker thread, never both.
             con = sqlite3.connect(
                 self.path, timeout=0.0, isolation_level=None, check_same_thread=False
