@@ -9,9 +9,11 @@ command timeouts, so an outage is noticed in seconds rather than asyncpg's defau
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import sqlite3
 from typing import Any
 
 import orjson
@@ -139,3 +141,35 @@ async def check_connection(engine: AsyncEngine) -> None:
         # them mean the same thing to the user.
         where = engine.url.render_as_string(hide_password=True)
         raise StoreError(f"cannot connect to the database at {where}: {describe(exc)}") from None
+
+
+async def check_writable(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+    """Raise `StoreError` unless the SQLite database file of `url` can be written (other
+    databases: nothing to check here).
+
+    SQLite opens a file it may not write read-only without a word, and a database whose
+    directory is read-only cannot get its -wal file: either fails only at the first write, so
+    `serve` checks before it takes traffic.
+    """
+    path = sqlite_file(make_url(url).database) if url.startswith("sqlite") else None
+    if path is None:
+        return
+    try:
+        await asyncio.to_thread(_try_a_write, path, busy_timeout_ms / 1000)
+    except (sqlite3.OperationalError, OSError) as exc:
+        if "locked" in str(exc):
+            return  # another process is writing: the file is writable
+        raise StoreError(
+            f"cannot write the SQLite database {path} ({describe(exc)}): the file and its "
+            "directory must be writable by the user flightrec runs as"
+        ) from None
+
+
+def _try_a_write(path: str, busy_timeout: float) -> None:
+    create_private(path)
+    with contextlib.closing(sqlite3.connect(path, busy_timeout, isolation_level=None)) as con:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.execute("CREATE TABLE flightrec_write_check (x)")  # rolled back: leaves nothing
+        finally:
+            con.execute("ROLLBACK")
