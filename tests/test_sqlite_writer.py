@@ -233,7 +233,7 @@ async def test_the_database_and_its_wal_files_are_private(tmp_path: Path) -> Non
     await writer.write([rows_for(chat_exchange())])
     await writer.close()
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
-    assert wal.stat().st_size > 0
+    assert file_size(wal) > 0
     assert (mode(path), mode(wal), mode(shm)) == (0o600, 0o600, 0o600)
     reader.close()
 
