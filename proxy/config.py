@@ -64,6 +64,8 @@ class Config:
     cancel_on_disconnect: bool = True
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
+    client_header_timeout: float = 30.0
+    keepalive_timeout: float = 75.0
     max_request_bytes: int = 64 * 1024 * 1024
     max_record_bytes: int = 16 * 1024 * 1024
     store_raw_stream: bool = True
@@ -172,6 +174,8 @@ KEYS: dict[str, Key] = {
     "cancel_on_disconnect": Key(_bool, "cancel the upstream request when the client leaves"),
     "connect_timeout": Key(_seconds, "seconds to connect to an upstream"),
     "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
+    "client_header_timeout": Key(_seconds, "seconds a client has to send a request's headers"),
+    "keepalive_timeout": Key(_seconds, "seconds an idle client connection is kept open"),
     "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
     "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
     "store_raw_stream": Key(_bool, "keep the exact bytes of streams for playback"),
