@@ -172,6 +172,24 @@ async def test_a_database_made_immutable_under_serve_is_a_warning_not_a_flood(
         assert con.execute("SELECT count(*) FROM exchanges").fetchone() == (sent,)
 
 
+async def test_serve_on_a_file_that_is_no_database_says_that_not_read_only(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    db = tmp_path / "notes.db"
+    db.write_text("not a database, but a text file someone named .db\n" * 10)
+    process, _ = await _serve([], tmp_path, db, upstream.url)
+    try:
+        code = await asyncio.wait_for(process.wait(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+    errors = [line for line in _log(tmp_path).splitlines() if line.startswith("Error")]
+    assert code == 1 and errors == [
+        f"Error: cannot connect to the database at {sqlite_url(db)}: DatabaseError: file is not "
+        "a database"
+    ]
+
+
 async def _traffic(session: aiohttp.ClientSession, url: str, until: Callable[[], bool]) -> int:
     """Requests one after another until `until()`, at most 30 s; returns how many there were."""
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}

@@ -163,6 +163,8 @@ async def check_writable(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT
             f"cannot write the SQLite database {path} ({describe(exc)}): the file and its "
             "directory must be writable by the user flightrec runs as"
         ) from None
+    except sqlite3.Error:
+        return  # not about writing (e.g. not a database): the connection check names it
 
 
 def _try_a_write(path: str, busy_timeout: float) -> None:
