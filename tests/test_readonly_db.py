@@ -145,9 +145,10 @@ async def test_a_database_made_immutable_under_serve_is_a_warning_not_a_flood(
     """`chattr +i` stops writes even through the file descriptors SQLite already holds (plain
     chmod does not: SQLite reuses the descriptor it opened before), so the checkpoint fails
     while the log keeps taking records, as the issue saw."""
-    db = tmp_path / "flightrec.db"
-    if not shutil.which("chattr") or not _chattr(tmp_path, "-i"):
-        pytest.skip("chattr does not work on this filesystem")
+    db, probe = tmp_path / "flightrec.db", tmp_path / "probe"
+    probe.touch()
+    if not shutil.which("chattr") or not (_chattr(probe, "+i") and _chattr(probe, "-i")):
+        pytest.skip("chattr +i does not work here (filesystem or privileges)")
     process, url = await _serve([], tmp_path, db, upstream.url)
     sent = 0
     try:
