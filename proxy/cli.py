@@ -47,6 +47,15 @@ def load_config(config_path: str | None, **overrides: Any) -> Config:
         raise click.ClickException(str(exc)) from None
 
 
+def log_to_stderr(level: str) -> None:
+    """The log of a server command (`serve`, `playback`)."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # alembic announces each of its plugins at info level on every start: noise in our log.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+
 def user_errors(func: F) -> F:
     """Turn the errors a user can cause into one clear line and exit status 1."""
 
@@ -121,9 +130,7 @@ def serve(
     cfg = load_config(
         config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers
     )
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(cfg.log_level)
     if cfg.workers > 1:
         from .workers import supervise
 
@@ -475,9 +482,7 @@ def playback(
     from . import playback as playback_mod
 
     cfg = load_config(config_path, host=host, port=port, upstream=upstream, db_url=db_url)
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(cfg.log_level)
     options = playback_mod.PlaybackOptions(ignore_fields, miss, timing)
     asyncio.run(playback_mod.run(cfg, options))
 
