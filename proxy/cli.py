@@ -35,9 +35,8 @@ def config_option(func: F) -> F:
 
 def db_option(func: F) -> F:
     """`--db URL`, the flag for the `db_url` key, named as `config.flag` names it in errors."""
-    return click.option(config_mod.flag("db_url"), "db_url", default=None, help="Database URL.")(
-        func
-    )
+    option = click.option(config_mod.flag("db_url"), "db_url", default=None, help="Database URL.")
+    return option(func)
 
 
 def load_config(config_path: str | None, **overrides: Any) -> Config:
