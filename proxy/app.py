@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from .config import Config
+from .connections import Runner
 from .forward import forward
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .later import READ_DELAY, Later
@@ -75,8 +76,10 @@ def build_app(config: Config, recorder: Recorder) -> web.Application:
 
 
 def make_runner(app: web.Application, config: Config) -> web.AppRunner:
-    return web.AppRunner(
+    return Runner(
         app,
+        header_timeout=config.client_header_timeout,
+        keepalive_timeout=config.keepalive_timeout,
         handler_cancellation=config.cancel_on_disconnect,
         shutdown_timeout=config.shutdown_grace,
         access_log=None,

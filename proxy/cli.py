@@ -7,12 +7,14 @@ stderr and exit status 1, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from . import config as config_mod
 from .config import Config, ConfigError
@@ -31,11 +33,26 @@ def config_option(func: F) -> F:
     )(func)
 
 
+def db_option(func: F) -> F:
+    """`--db URL`, the flag for the `db_url` key, named as `config.flag` names it in errors."""
+    option = click.option(config_mod.flag("db_url"), "db_url", default=None, help="Database URL.")
+    return option(func)
+
+
 def load_config(config_path: str | None, **overrides: Any) -> Config:
     try:
         return config_mod.load(config_path, overrides=overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def log_to_stderr(level: str) -> None:
+    """The log of a server command (`serve`, `playback`)."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # alembic announces each of its plugins at info level on every start: noise in our log.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def user_errors(func: F) -> F:
@@ -59,7 +76,34 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Usage errors in one line, `Error: <message>`, without click's usage block and hint.
+
+    Every error is raised while making a context or invoking one, here or in a subcommand
+    below, so catching them at the top covers every command.
+    """
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise  # a group called bare shows its help
+    except click.UsageError as exc:
+        exc.ctx = None  # what `UsageError.show` prints the usage block and hint from
+        raise
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="flightrec")
 def main() -> None:
     """flightrec: a logging reverse proxy for OpenAI-compatible APIs."""
@@ -70,7 +114,7 @@ def main() -> None:
 @click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", default=None, type=int, help="Port to listen on (default 8080).")
 @click.option("--upstream", default=None, help="Base URL of the first upstream.")
-@click.option("--db", "db_url", default=None, help="Database URL.")
+@db_option
 @click.option("--workers", default=None, type=int, help="Processes sharing the port (default 1).")
 @user_errors
 def serve(
@@ -85,9 +129,7 @@ def serve(
     cfg = load_config(
         config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers
     )
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(cfg.log_level)
     if cfg.workers > 1:
         from .workers import supervise
 
@@ -129,7 +171,7 @@ def db() -> None:
 
 @db.command("upgrade")
 @config_option
-@click.option("--db", "db_url", default=None, help="Database URL.")
+@db_option
 @user_errors
 def db_upgrade(config_path: str | None, db_url: str | None) -> None:
     """Migrate the database to the newest schema."""
@@ -423,7 +465,7 @@ def replay(
     help="Streams at their recorded pace, or at once.",
 )
 @click.option("--upstream", default=None, help="Base URL of the first upstream (--miss forward).")
-@click.option("--db", "db_url", default=None, help="Database URL.")
+@db_option
 @user_errors
 def playback(
     config_path: str | None,
@@ -439,9 +481,7 @@ def playback(
     from . import playback as playback_mod
 
     cfg = load_config(config_path, host=host, port=port, upstream=upstream, db_url=db_url)
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr(cfg.log_level)
     options = playback_mod.PlaybackOptions(ignore_fields, miss, timing)
     asyncio.run(playback_mod.run(cfg, options))
 
@@ -479,7 +519,6 @@ def export(
     output: str | None,
 ) -> None:
     """Export exchanges, oldest first: JSONL, CSV, HAR 1.2 or OpenAI Batch API input."""
-    import contextlib
     import sys
 
     from . import export as export_mod

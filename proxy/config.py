@@ -64,6 +64,8 @@ class Config:
     cancel_on_disconnect: bool = True
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
+    client_header_timeout: float = 30.0
+    keepalive_timeout: float = 75.0
     max_request_bytes: int = 64 * 1024 * 1024
     client_body_timeout: float = 60.0
     max_record_bytes: int = 16 * 1024 * 1024
@@ -174,6 +176,8 @@ KEYS: dict[str, Key] = {
     "cancel_on_disconnect": Key(_bool, "cancel the upstream request when the client leaves"),
     "connect_timeout": Key(_seconds, "seconds to connect to an upstream"),
     "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
+    "client_header_timeout": Key(_seconds, "seconds a client has to send a request's headers"),
+    "keepalive_timeout": Key(_seconds, "seconds an idle client connection is kept open"),
     "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
     "client_body_timeout": Key(_seconds, "seconds a client may take to send its body (408)"),
     "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
@@ -186,10 +190,18 @@ KEYS: dict[str, Key] = {
     "spool_path": Key(_str, "file records spill to while the database is unavailable"),
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
 }
+FLAGS = {"db_url": "--db"}
+"""Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
+about a value given by flag name the flag the user typed."""
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
+
+
+def flag(key: str) -> str:
+    """The command-line flag that sets config key `key`."""
+    return FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
@@ -268,15 +280,17 @@ def load(
             values[key] = spec.parse(ENV_PREFIX + key.upper(), env_value)
     for key, value in (overrides or {}).items():
         if value is not None and key in KEYS:
-            values[key] = KEYS[key].parse(f"--{key.replace('_', '-')}", value)
+            values[key] = KEYS[key].parse(flag(key), value)
 
     config = replace(Config(), **values)
     if "upstreams" in raw:
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw:
         config = replace(config, prices=_parse_prices(raw["prices"]))
-    upstream_url = (overrides or {}).get("upstream") or env.get(ENV_PREFIX + "UPSTREAM")
+    upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
+    if not upstream_url:
+        upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"
     if upstream_url:
-        first = replace(config.upstreams[0], base_url=_http_url("upstream", upstream_url))
+        first = replace(config.upstreams[0], base_url=_http_url(where, upstream_url))
         config = replace(config, upstreams=(first, *config.upstreams[1:]))
     return config

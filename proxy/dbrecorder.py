@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .config import Config
 from .exchange import Exchange
 from .pricing import PriceTable
+from .store import check_writable
 from .store.engine import SQLITE_BUSY_TIMEOUT_MS, check_connection, create_engine, describe
 from .store.migrate import check_head, upgrade
 from .store.spool import Spool
@@ -350,6 +351,7 @@ async def open_recorder(config: Config) -> DatabaseRecorder:
     the database answers, opens the spool and starts the writer. Raises `StoreError` with one
     line when any of that fails; nothing is left running then.
     """
+    await check_writable(config.db_url)
     if config.auto_upgrade:
         await upgrade(config.db_url)
     engine = create_engine(config.db_url)

@@ -8,7 +8,10 @@ import asyncio
 import contextlib
 import itertools
 import math
+import os
 import sqlite3
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +226,45 @@ async def test_an_error_other_than_busy_spools_and_reconnects(
         recorder.record(ex)
     await recorder.close()
     await assert_stored_once(url, first + later)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The common umask, under which files are created 0644 unless asked otherwise."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("umask_022")
+async def test_the_database_and_its_wal_files_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    await upgrade(sqlite_url(path))  # what `serve` and `db upgrade` do first
+    assert mode(path) == 0o600
+    reader = sqlite3.connect(path)  # keeps -wal and -shm after the writer closes
+    reader.execute("SELECT count(*) FROM exchanges").fetchone()
+    writer = SqliteWriter(str(path), busy_timeout_ms=1000)
+    await writer.write([rows_for(chat_exchange())])
+    await writer.close()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    assert file_size(wal) > 0
+    assert (mode(path), mode(wal), mode(shm)) == (0o600, 0o600, 0o600)
+    reader.close()
+
+    fresh = tmp_path / "by-the-writer.db"  # a recorder may find no file at all
+    writer = SqliteWriter(str(fresh), busy_timeout_ms=1000)
+    writer._connection()
+    await writer.close()
+    assert mode(fresh) == 0o600
+
+    kept = tmp_path / "kept.db"  # an existing file keeps the mode its owner gave it
+    kept.touch(mode=0o640)
+    await upgrade(sqlite_url(kept))
+    assert mode(kept) == 0o640
 
 
 def test_only_a_sqlite_file_gets_the_loop_thread_writer(tmp_path: Path) -> None:

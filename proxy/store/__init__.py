@@ -5,7 +5,14 @@ rows, `read` turns rows back into the `show --json` shape, `spool` keeps records
 cannot take yet. The background writer that ties them together is `proxy.dbrecorder`.
 """
 
-from .engine import StoreError, check_connection, create_engine
+from .engine import StoreError, check_connection, check_writable, create_engine
 from .migrate import downgrade, upgrade
 
-__all__ = ["StoreError", "check_connection", "create_engine", "downgrade", "upgrade"]
+__all__ = [
+    "StoreError",
+    "check_connection",
+    "check_writable",
+    "create_engine",
+    "downgrade",
+    "upgrade",
+]

@@ -9,7 +9,11 @@ command timeouts, so an outage is noticed in seconds rather than asyncpg's defau
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import sqlite3
 from typing import Any
 
 import orjson
@@ -59,7 +63,7 @@ def create_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) ->
     backend = parsed.get_backend_name()
     if parsed.drivername == "sqlite+aiosqlite":
         engine = create_async_engine(parsed, json_serializer=dumps, json_deserializer=orjson.loads)
-        _sqlite_pragmas(engine, busy_timeout_ms)
+        _sqlite_pragmas(engine, busy_timeout_ms, sqlite_file(parsed.database))
         return engine
     if parsed.drivername == "postgresql+asyncpg":
         return create_async_engine(
@@ -81,7 +85,28 @@ def create_engine(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) ->
     )
 
 
-def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+def sqlite_file(database: str | None) -> str | None:
+    """The file a SQLite URL's database names; None for memory and `file:` URIs."""
+    if database in (None, "", ":memory:") or database.startswith("file:"):
+        return None
+    return database
+
+
+def create_private(path: str) -> None:
+    """Create the SQLite file at `path`, readable by its owner only, unless it exists.
+
+    Records hold whole prompts and answers. SQLite gives the -wal and -shm files it creates
+    the database file's mode, so this one file decides all three.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
+def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int, path: str | None) -> None:
+    if path is not None:
+        # Before the driver connects: it would create a missing file with the umask's mode.
+        event.listen(engine.sync_engine, "do_connect", lambda *_: create_private(path))
+
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
@@ -116,3 +141,37 @@ async def check_connection(engine: AsyncEngine) -> None:
         # them mean the same thing to the user.
         where = engine.url.render_as_string(hide_password=True)
         raise StoreError(f"cannot connect to the database at {where}: {describe(exc)}") from None
+
+
+async def check_writable(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+    """Raise `StoreError` unless the SQLite database file of `url` can be written (other
+    databases: nothing to check here).
+
+    SQLite opens a file it may not write read-only without a word, and a database whose
+    directory is read-only cannot get its -wal file: either fails only at the first write, so
+    `serve` checks before it takes traffic.
+    """
+    path = sqlite_file(make_url(url).database) if url.startswith("sqlite") else None
+    if path is None:
+        return
+    try:
+        await asyncio.to_thread(_try_a_write, path, busy_timeout_ms / 1000)
+    except (sqlite3.OperationalError, OSError) as exc:
+        if "locked" in str(exc):
+            return  # another process is writing: the file is writable
+        raise StoreError(
+            f"cannot write the SQLite database {path} ({describe(exc)}): the file and its "
+            "directory must be writable by the user flightrec runs as"
+        ) from None
+    except sqlite3.Error:
+        return  # not about writing (e.g. not a database): the connection check names it
+
+
+def _try_a_write(path: str, busy_timeout: float) -> None:
+    create_private(path)
+    with contextlib.closing(sqlite3.connect(path, busy_timeout, isolation_level=None)) as con:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.execute("CREATE TABLE flightrec_write_check (x)")  # rolled back: leaves nothing
+        finally:
+            con.execute("ROLLBACK")

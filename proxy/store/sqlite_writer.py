@@ -13,6 +13,9 @@ Nothing here may hold the loop for long:
   raised as the database being unavailable, which sends the batch to the spool;
 - WAL checkpoints, which copy the log into the database file and fsync it, are off on this
   connection; one runs at most once a second on a worker thread with its own connection.
+  A checkpoint that fails (the file made read-only under the proxy) or a log that keeps
+  growing is a warning at once, then at most once a minute: the log grows with every write
+  until checkpoints work again.
 
 Writes are otherwise the same as `write.write_rows`: same rows, same statements, idempotent
 by exchange id.
@@ -23,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import os
 import sqlite3
 from collections.abc import Sequence
 
 from ..turns import Turns
-from .engine import SQLITE_PAGE_SIZE
+from .engine import SQLITE_PAGE_SIZE, create_private, describe
 from .write import (
     SQLITE_COUNT_FINGERPRINTS,
     Rows,
@@ -47,6 +52,13 @@ FAT_CHUNK_ROWS = {"exchanges": 16, "raw_streams": 16}
 Smaller INSERTs (4 exchange rows) cost ~5 % more CPU per request at concurrency 8 (bench/)."""
 CHECKPOINT_EVERY = 1.0
 """Seconds between WAL checkpoints while records are being written."""
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
+"""A log grown past this (a reader kept it from restarting) is cut back to it at its next
+restart (`journal_size_limit`), so its size on disk says how it is doing now."""
+WAL_WARN_BYTES = 256 * 1024 * 1024
+"""A log past this size that is still growing is reported: checkpoints are not keeping up."""
+WARN_EVERY = 60.0
+"""Seconds between two warnings about the log while the trouble lasts."""
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
@@ -63,6 +75,55 @@ def _checkpoint(path: str) -> None:
         con.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
+class WalWatch:
+    """Tells the operator when WAL checkpoints fail or the log keeps growing: at once when the
+    trouble starts, then at most every `WARN_EVERY` seconds, never once per batch."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.wal = f"{path}-wal"
+        self._failing = False
+        self._warned_at = -math.inf
+        self._warned_size = WAL_WARN_BYTES
+
+    def checked(self, now: float, error: str | None) -> None:
+        """After each checkpoint: `error` is why it failed, None when it ran."""
+        size = _size(self.wal)
+        quiet = now - self._warned_at < WARN_EVERY
+        if error is not None:
+            if not self._failing or not quiet:
+                log.warning(
+                    "WAL checkpoint of %s failing (%s): its log %s holds %.1f MB and grows with "
+                    "every write until a checkpoint succeeds",
+                    self.path,
+                    error,
+                    self.wal,
+                    size / 1e6,
+                )
+                self._warned_at = now
+            self._failing = True
+        elif self._failing:
+            self._failing = False
+            log.info("WAL checkpoint of %s works again", self.path)
+        elif size > self._warned_size and not quiet:
+            log.warning(
+                "the SQLite log %s has grown to %.1f MB: checkpoints cannot bring it back to "
+                "its start while readers use it (a long query or an open transaction)",
+                self.wal,
+                size / 1e6,
+            )
+            self._warned_at, self._warned_size = now, size
+        elif size <= WAL_WARN_BYTES:
+            self._warned_size = WAL_WARN_BYTES
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 class SqliteWriter:
     """Writes batches of rows to one SQLite file; use from the event loop's thread only."""
 
@@ -72,9 +133,11 @@ class SqliteWriter:
         self._con: sqlite3.Connection | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._last_checkpoint = 0.0
+        self._wal = WalWatch(path)
 
     def _connection(self) -> sqlite3.Connection:
         if self._con is None:
+            create_private(self.path)
             # Used from the loop's thread, and by `_commit` from a worker thread, never both.
             con = sqlite3.connect(
                 self.path, timeout=0.0, isolation_level=None, check_same_thread=False
@@ -90,6 +153,7 @@ class SqliteWriter:
                 # an exchange there still deletes its rows.
                 con.execute("PRAGMA foreign_keys = OFF")
                 con.execute("PRAGMA wal_autocheckpoint = 0")
+                con.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             except BaseException:
                 con.close()
                 raise
@@ -190,12 +254,14 @@ class SqliteWriter:
         self._checkpointing = asyncio.create_task(self._run_checkpoint())
 
     async def _run_checkpoint(self) -> None:
+        error = None
         try:
             await asyncio.to_thread(_checkpoint, self.path)
-        except sqlite3.Error as exc:  # a later one will do it; the records are committed
-            log.debug("WAL checkpoint of %s skipped: %s", self.path, exc)
+        except sqlite3.Error as exc:  # the records are committed to the log all the same
+            error = describe(exc)
         finally:
             self._checkpointing = None
+        self._wal.checked(asyncio.get_running_loop().time(), error)
 
     async def close(self) -> None:
         if self._checkpointing is not None:
