@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -30,7 +30,7 @@ from proxy.store import sqlite_writer, upgrade
 from proxy.store.sqlite_writer import SqliteWriter
 from proxy.store.write import rows_for
 
-from .conftest import FakeUpstream, free_port
+from .conftest import FakeUpstream, reserved_port
 from .dbs import chat_exchange, sqlite_url
 
 UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
@@ -50,8 +50,15 @@ def unprivileged() -> list[str]:
     return UNPRIVILEGED
 
 
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A port held for the `serve` the test starts."""
+    with reserved_port() as held:
+        yield held
+
+
 async def _serve(
-    prefix: list[str], tmp_path: Path, db: Path, upstream: str
+    prefix: list[str], tmp_path: Path, db: Path, upstream: str, port: int
 ) -> tuple[asyncio.subprocess.Process, str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")},
@@ -59,7 +66,6 @@ async def _serve(
         "FLIGHTREC_LOG_LEVEL": "info",
     }
     (tmp_path / "spool").mkdir(exist_ok=True)
-    port = free_port()
     with (tmp_path / "serve.log").open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             *prefix, sys.executable, "-m", "proxy", "serve", "--port", str(port),
@@ -75,14 +81,14 @@ def _log(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("read_only", ["file", "directory"])
 async def test_serve_refuses_a_database_it_cannot_write(
-    unprivileged: list[str], tmp_path: Path, upstream: FakeUpstream, read_only: str
+    unprivileged: list[str], tmp_path: Path, upstream: FakeUpstream, read_only: str, port: int
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
     db = data / "flightrec.db"
     await upgrade(sqlite_url(db))  # an existing, migrated database, closed cleanly (no -wal)
     (db if read_only == "file" else data).chmod(0o444 if read_only == "file" else 0o555)
-    process, _ = await _serve(unprivileged, tmp_path, db, upstream.url)
+    process, _ = await _serve(unprivileged, tmp_path, db, upstream.url, port)
     try:
         code = await asyncio.wait_for(process.wait(), 60)
     finally:
@@ -139,7 +145,7 @@ def _chattr(path: Path, flag: str) -> bool:
 
 
 async def test_a_database_made_immutable_under_serve_is_a_warning_not_a_flood(
-    tmp_path: Path, upstream: FakeUpstream
+    tmp_path: Path, upstream: FakeUpstream, port: int
 ) -> None:
     """`chattr +i` stops writes even through the file descriptors SQLite already holds (plain
     chmod does not: SQLite reuses the descriptor it opened before), so the checkpoint fails
@@ -148,7 +154,7 @@ async def test_a_database_made_immutable_under_serve_is_a_warning_not_a_flood(
     probe.touch()
     if not shutil.which("chattr") or not (_chattr(probe, "+i") and _chattr(probe, "-i")):
         pytest.skip("chattr +i does not work here (filesystem or privileges)")
-    process, url = await _serve([], tmp_path, db, upstream.url)
+    process, url = await _serve([], tmp_path, db, upstream.url, port)
     sent = 0
     try:
         async with aiohttp.ClientSession() as session:
@@ -173,11 +179,11 @@ async def test_a_database_made_immutable_under_serve_is_a_warning_not_a_flood(
 
 
 async def test_serve_on_a_file_that_is_no_database_says_that_not_read_only(
-    tmp_path: Path, upstream: FakeUpstream
+    tmp_path: Path, upstream: FakeUpstream, port: int
 ) -> None:
     db = tmp_path / "notes.db"
     db.write_text("not a database, but a text file someone named .db\n" * 10)
-    process, _ = await _serve([], tmp_path, db, upstream.url)
+    process, _ = await _serve([], tmp_path, db, upstream.url, port)
     try:
         code = await asyncio.wait_for(process.wait(), 60)
     finally:
