@@ -173,14 +173,14 @@ class DatabaseRecorder:
         """None while records reach the database without piling up; else why not."""
         if self._closing:
             return "shutting down"
+        if self.journal.problem:
+            return f"{self.journal.problem}: records are kept in memory only"
         if not self._healthy:
             return f"database unavailable: {self._reason}"
         if self._writing_since is not None:
             waited = asyncio.get_running_loop().time() - self._writing_since
             if waited > STALLED_AFTER:
                 return f"database stalled: a write has waited {waited:.0f}s"
-        if self.journal.problem:
-            return f"{self.journal.problem}: records are kept in memory only"
         if len(self._fresh) + len(self._loose) > 0.9 * self._config.queue_size:
             return "queue saturated: the database writer is behind"
         return None
@@ -209,6 +209,7 @@ class DatabaseRecorder:
                 await self._task
         self._closed = True
         self._flush()
+        self.losses.report(force=True)
         loose = list(self._loose)
         if self._held is not None and self._held[1] is None:
             loose += self._held[0]
@@ -236,6 +237,10 @@ class DatabaseRecorder:
         ends = self.journal.append(lines)
         room = self._config.queue_size - len(self._fresh) - len(self._loose)
         if ends is None:
+            # Memory is for what is nowhere else: journaled copies make way (read back later).
+            while self._fresh and room < len(buffered):
+                self._fresh.pop()
+                room += 1
             self._loose.extend(buffered[:room])
             self.losses.kept_in_memory(buffered[:room])
             self.losses.lost(buffered[room:])

@@ -63,9 +63,7 @@ def config(url: str, tmp_path: Path, **overrides: object) -> Config:
 
 
 async def started(cfg: Config, **engine_options: int) -> DatabaseRecorder:
-    recorder = DatabaseRecorder(
-        cfg, engine=create_engine(cfg.db_url, **engine_options), **engine_options
-    )
+    recorder = DatabaseRecorder(cfg, **engine_options)
     recorder.retry_min, recorder.retry_max = 0.05, 0.3
     await recorder.start()
     return recorder

@@ -51,6 +51,8 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 """Bytes after which the live segment is sealed, so committed data can be deleted."""
 _EMPTY_AT = 1024 * 1024
 """Bytes of a wholly committed live segment worth emptying at once."""
+_RETRY_SEAL = 10.0
+"""Seconds before sealing a segment is tried again after the directory refused it."""
 _VERSION = 1
 _FIELDS = tuple(f.name for f in fields(Exchange))
 _BYTES_FIELDS = ("request_body", "response_body", "raw_stream_gz")
@@ -127,6 +129,7 @@ class Journal:
         self._lock_fd: int | None = None
         self._cut = False  # a failed append may have left a cut line at the end
         self._next_open = 0.0
+        self._next_seal = 0.0
 
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
@@ -248,7 +251,7 @@ class Journal:
             offset += len(line)
             ends.append((self.live, offset))
         self.size = offset
-        if self.size >= self.segment_bytes:
+        if self.size >= self.segment_bytes and time.monotonic() >= self._next_seal:
             self._seal()
         return ends
 
@@ -268,7 +271,8 @@ class Journal:
         try:
             os.fsync(self._fd)
             os.rename(self.path, sealed)
-        except OSError as exc:  # keep appending to this segment; the next append tries again
+        except OSError as exc:  # keep appending to this segment; try again in a while
+            self._next_seal = time.monotonic() + _RETRY_SEAL
             log.warning("journal %s: cannot start a new segment: %s", self.path, exc.strerror)
             return
         os.close(self._fd)

@@ -31,14 +31,17 @@ class Losses:
         self._in_memory = 0
         self._lost: list[str] = []
         self._last = -EVERY
+        self._why = ""
 
     def kept_in_memory(self, exchanges: list[Exchange]) -> None:
         self.in_memory_total += len(exchanges)
         self._in_memory += len(exchanges)
+        self._why = self._journal.problem or self._why
 
     def lost(self, exchanges: list[Exchange]) -> None:
         self.lost_total += len(exchanges)
         self._lost += [ex.id for ex in exchanges]
+        self._why = self._journal.problem or self._why
 
     def report(self, *, force: bool = False) -> None:
         if not (self._in_memory or self._lost):
@@ -47,7 +50,7 @@ class Losses:
         if not force and now - self._last < EVERY:
             return
         self._last = now
-        why = self._journal.problem or f"journal {self._journal.path} unavailable"
+        why = self._why or f"journal {self._journal.path} unavailable"
         if self._in_memory:
             log.warning(
                 "%s: %d records kept in memory only (not safe from a crash)", why, self._in_memory
