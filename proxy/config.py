@@ -73,6 +73,11 @@ class Config:
     batch_interval: float = 0.05
     spool_path: str = "flightrec.spool"
     log_level: str = "info"
+    console_host: str = "127.0.0.1"
+    console_port: int = 8081
+    """0: `serve` runs no console."""
+    console_token: str | None = field(default=None, repr=False)
+    """Needed by every console route when set; required off loopback. Never logged."""
     upstreams: tuple[Upstream, ...] = field(
         default_factory=lambda: (Upstream("openai", DEFAULT_UPSTREAM, "/v1"),)
     )
@@ -145,6 +150,13 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
     return parse
 
 
+def _optional_str(key: str, value: Any) -> str | None:
+    """A string, or "" for none."""
+    if value == "":
+        return None
+    return _str(key, value)
+
+
 def _db_url(key: str, value: Any) -> str:
     url = _str(key, value)
     if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
@@ -181,6 +193,9 @@ KEYS: dict[str, Key] = {
     "batch_interval": Key(_seconds, "seconds the writer waits to fill a batch"),
     "spool_path": Key(_str, "file records spill to while the database is unavailable"),
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
+    "console_host": Key(_str, "address the console listens on"),
+    "console_port": Key(_port, "port of the console serve runs (0: none)"),
+    "console_token": Key(_optional_str, "token every console route needs (required off loopback)"),
 }
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
