@@ -111,12 +111,12 @@ def console(
 ) -> None:
     """Serve the console (pages and JSON API) alone, against a database."""
     cfg = load_config(config_path, console_host=host, console_port=port, db_url=db_url)
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     from .console import check_bind, run_console
 
     check_bind(cfg.console_host, cfg.console_token)
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     asyncio.run(run_console(cfg))
 
 
