@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -180,6 +181,23 @@ async def replay(
     return comparisons
 
 
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+
+
+def carried_over(original: dict[str, Any]) -> dict[str, str]:
+    """The original's tags and user, as the control headers that set them on the replay.
+    A tag whose key or value cannot travel in a header (a newline, say) stays behind."""
+    headers = {
+        f"X-Flightrec-Tag-{key}": value
+        for key, value in original["tags"].items()
+        if _HEADER_NAME.match(key) and "\r" not in value and "\n" not in value
+    }
+    user = original["user"]
+    if user and "\r" not in user and "\n" not in user:
+        headers["X-Flightrec-User"] = user
+    return headers
+
+
 async def _send(config: Config, jobs: list[_Job], concurrency: int) -> None:
     """Through an in-process flightrec on an ephemeral port; returns once everything is
     recorded. Its own spool, so a `serve` running from the same directory is no obstacle."""
@@ -204,6 +222,7 @@ async def _send(config: Config, jobs: list[_Job], concurrency: int) -> None:
                     "Content-Type": "application/json",
                     "Authorization": f"Bearer {job.key}",
                     "X-Flightrec-Replay-Of": job.original["id"],
+                    **carried_over(job.original),
                 }
                 method, url = job.original["method"], root + job.url
                 async with (
