@@ -4,7 +4,7 @@ colours are CSS classes (`c0`..`c7`), so the page needs no inline style."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 COLOURS = 8
@@ -24,6 +24,17 @@ def _legend(groups: list[Any]) -> tuple[dict[Any, str], list[tuple[str, str]]]:
     return colour, legend
 
 
+def _every_bucket(starts: list[str], bucket: str, most: int = 2400) -> list[str]:
+    """The buckets from the first to the last, empty ones included, so the x axis is time;
+    just the ones with data when that would be more than `most` bars."""
+    step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
+    first, last = datetime.fromisoformat(starts[0]), datetime.fromisoformat(starts[-1])
+    if (last - first) / step >= most:
+        return starts
+    count = int((last - first) / step) + 1
+    return [(first + i * step).isoformat() for i in range(count)]
+
+
 def stacked_bars(found: dict[str, Any], metric: str) -> dict[str, Any] | None:
     """`metric`: `cost` (point[1]) or `tokens` (prompt + completion). None without data."""
     groups = [s["group"] for s in found["series"]]
@@ -35,14 +46,14 @@ def stacked_bars(found: dict[str, Any], metric: str) -> dict[str, Any] | None:
             buckets.setdefault(start, []).append((entry["group"], value))
     if not buckets:
         return None
-    starts = sorted(buckets)
-    peak = max(sum(v for _, v in buckets[s]) for s in starts) or 1.0
+    starts = _every_bucket(sorted(buckets), found["bucket"])
+    peak = max(sum(v for _, v in bars) for bars in buckets.values()) or 1.0
     step = (WIDTH - 2 * PAD) / len(starts)
     bar = max(1.0, step * 0.8)
     rects = []
     for i, start in enumerate(starts):
         top = float(HEIGHT - PAD)
-        for group, value in buckets[start]:
+        for group, value in buckets.get(start, []):
             h = (HEIGHT - 2 * PAD) * value / peak
             top -= h
             tip = f"{start[:13].replace('T', ' ')} {_label(group)}: " + (
