@@ -55,7 +55,7 @@ async def slow_upstream() -> AsyncIterator[str]:
 
 
 async def _start_serve(
-    tmp_path: Path, upstream: str, *extra: str
+    tmp_path: Path, upstream: str, *extra: str, console_port: int = 0
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
     port = free_port()
     db = tmp_path / "serve.db"
@@ -65,6 +65,7 @@ async def _start_serve(
         "FLIGHTREC_SHUTDOWN_GRACE": "15",
         "FLIGHTREC_STREAM_USAGE": "passthrough",
         "FLIGHTREC_LOG_LEVEL": "debug",
+        "FLIGHTREC_CONSOLE_PORT": str(console_port),  # 0: none, so runs never share 8081
     }
     log = (tmp_path / "serve.log").open("wb")  # a file: a pipe nobody reads would fill up
     process = await asyncio.create_subprocess_exec(
