@@ -141,11 +141,11 @@ async def list_page(
     query = _summary_query(filters or ListFilters()).limit(limit + 1)
     if cursor is not None:
         started, last_id = decode_cursor(cursor)
+        # The first condition alone bounds the index range; the second drops the rows of
+        # that same instant already shown.
         query = query.where(
-            sa.or_(
-                ex.c.started_at < started,
-                sa.and_(ex.c.started_at == started, ex.c.id < last_id),
-            )
+            ex.c.started_at <= started,
+            sa.or_(ex.c.started_at < started, ex.c.id < last_id),
         )
     async with engine.connect() as conn:
         rows = (await conn.execute(query)).mappings().all()

@@ -7,6 +7,7 @@ series add up to the report's rows exactly.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,18 +26,21 @@ def parse_bucket(text: str) -> str:
 
 
 def _bucket_column(bucket: str, dialect: str) -> sa.ColumnElement[Any]:
-    """The bucket's start as text, 'YYYY-MM-DD HH' or 'YYYY-MM-DD', in UTC."""
+    """The bucket's start in UTC: a timestamp (PostgreSQL), or the text 'YYYY-MM-DD HH' or
+    'YYYY-MM-DD' (SQLite)."""
     ex = t.exchanges
     if dialect == "postgresql":
-        pattern = "YYYY-MM-DD HH24" if bucket == "hour" else "YYYY-MM-DD"
-        return sa.func.to_char(sa.func.timezone("UTC", ex.c.started_at), pattern)
+        return sa.func.date_trunc(bucket, sa.func.timezone("UTC", ex.c.started_at))
     # SQLite stores UTC times as 'YYYY-MM-DD HH:MM:SS...' text.
     return sa.func.substr(ex.c.started_at, 1, 13 if bucket == "hour" else 10)
 
 
-def _start(text: str) -> str:
-    """'2024-05-01 13' -> '2024-05-01T13:00:00+00:00'; a day starts at midnight UTC."""
-    day, _, hour = text.partition(" ")
+def _start(value: Any) -> str:
+    """'2024-05-01 13' (or a naive UTC datetime) -> '2024-05-01T13:00:00+00:00'; a day
+    starts at midnight UTC."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC).isoformat()
+    day, _, hour = str(value).partition(" ")
     return f"{day}T{hour or '00'}:00:00+00:00"
 
 
@@ -71,12 +75,12 @@ async def cost_series(
         found = (await conn.execute(query)).all()
     groups: dict[Any, list[list[Any]]] = {}
     spent: dict[Any, int] = {}
-    for row in sorted(found, key=lambda r: str(r.bucket)):
+    for row in sorted(found, key=lambda r: str(r.bucket)):  # both kinds sort as text
         unknown = row.priced == 0 and int(row.unpriced or 0) > 0
         cost = None if unknown else float(int(row.cost_nano or 0) * NANO)
         groups.setdefault(row.group, []).append(
             [
-                _start(str(row.bucket)),
+                _start(row.bucket),
                 cost,
                 int(row.requests),
                 int(row.prompt_tokens or 0),
