@@ -57,6 +57,12 @@ class ListFilters:
         ):
             if value is not None:
                 found.append(column == value)
+        # The conditions of the partial failure indexes (migration 0003), stated as the
+        # indexes state them: SQLite uses a partial index only when the query says so.
+        if self.outcome is not None and self.outcome != "ok":
+            found.append(ex.c.outcome != sa.literal_column("'ok'"))
+        if self.status is not None and self.status >= 400:
+            found.append(ex.c.status >= sa.literal_column("400"))
         if self.q:
             found.append(_text_search(self.q))
         return found
