@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from .. import export as export_mod
-from ..replay import compare, content_of
+from ..compare import compare, content_of
 from ..store import browse, detail, report, series
 from ..store.engine import StoreError
 from ..store.read import get_exchange

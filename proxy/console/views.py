@@ -210,12 +210,17 @@ def timeline(found: dict[str, Any], width: int = 640, height: int = 140) -> dict
     }
 
 
+WORD_DIFF_CHARS = 50_000
 _WORDS = re.compile(r"\s+|[^\s\w]|\w+")
 
 
 def word_diff(old: str | None, new: str | None) -> tuple[list[Any], list[Any]]:
     """Both texts as (text, kind) runs, kind `same`, `del` (left) or `ins` (right)."""
-    a, b = _WORDS.findall(old or ""), _WORDS.findall(new or "")
+    if len(old or "") + len(new or "") > WORD_DIFF_CHARS:
+        # Word diffs grow with the square of the text: long answers are compared by lines.
+        a, b = (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True)
+    else:
+        a, b = _WORDS.findall(old or ""), _WORDS.findall(new or "")
     left: list[tuple[str, str]] = []
     right: list[tuple[str, str]] = []
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
