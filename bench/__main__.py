@@ -139,6 +139,7 @@ def _flightrec(name: str, about: str, upstream: str, home: Path, db_url: str) ->
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
     argv += ["--upstream", upstream, "--db", db_url]
     env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(HERE.parent)}
+    env["FLIGHTREC_CONSOLE_PORT"] = "0"  # the bench measures the proxy; targets run side by side
     return Target(name, about, argv, port, env, str(home), ready_path="/healthz")
 
 
