@@ -71,6 +71,10 @@ async def test_login_sets_a_strict_httponly_cookie(guarded: tuple[Client, Seeded
         "/login", data={"token": TOKEN, "next": "//evil.example/"}, allow_redirects=False
     )
     assert good.status == 303 and good.headers["Location"] == "/"
+    for target in ("https://evil.example/", "/\\evil", "/cost\r\nSet-Cookie: x=1"):
+        data = {"token": TOKEN, "next": target}
+        again = await client.post("/login", data=data, allow_redirects=False)
+        assert again.headers["Location"] == "/", target
     cookie = good.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN not in cookie
     page = await client.get(f"/exchanges/{s.stream.id}")

@@ -110,6 +110,8 @@ def safe_next(target: str | None) -> str:
     """Where to go after logging in: a path on this console, never another site."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return "/"  # a control character would break the Location header
     return target
 
 
