@@ -1,7 +1,8 @@
 """Who may see the console, and the headers every console response carries.
 
-With a `console_token`, every route but `/login` needs it: `Authorization: Bearer <token>` or
-the session cookie `POST /login` sets (HttpOnly, SameSite=Strict). The cookie holds an HMAC of
+With a `console_token`, every route but `/login` and the package's own CSS and JS needs it:
+`Authorization: Bearer <token>` or the session cookie `POST /login` sets (HttpOnly,
+SameSite=Strict). The cookie holds an HMAC of
 the token, never the token, and every comparison is constant-time. Without a token the console
 only binds to loopback (`check_bind`). The token is never logged.
 """
@@ -33,6 +34,8 @@ SECURITY_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+PUBLIC_ASSETS = frozenset({"/static/console.css", "/static/console.js"})
+"""The login page needs them; they are the package's own files, no recorded data."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -92,6 +95,8 @@ def make_auth_middleware(
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         token = state(request).token
         if not token or request.path == "/login" or authorized(request, token):
+            return await handler(request)
+        if request.path in PUBLIC_ASSETS:
             return await handler(request)
         if is_api(request.path):
             return unauthorized_json()
