@@ -74,7 +74,7 @@ async def start_console(config: Config) -> web.AppRunner | None:
     except BaseException:
         await runner.cleanup()
         raise
-    token = "token required" if config.console_token else "no token (loopback only)"
+    token = "token required" if config.console_token else "no token: loopback only"
     log.info("console on http://%s:%d (%s)", config.console_host, config.console_port, token)
     return runner
 
