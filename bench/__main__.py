@@ -145,6 +145,7 @@ def _flightrec(name: str, about: str, upstream: str, home: Path, db_url: str) ->
     argv += ["--upstream", upstream, "--db", db_url]
     code = BASE if name.startswith("base-") and BASE is not None else HERE.parent
     env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(code)}
+    env["FLIGHTREC_CONSOLE_PORT"] = "0"  # the bench measures the proxy; targets run side by side
     return Target(name, about, argv, port, env, str(home), ready_path="/healthz")
 
 

@@ -231,7 +231,8 @@ def _launch_flightrec_memory(port: int, upstream: str, count_file: Path) -> None
 
     from proxy.app import run
 
-    config = Config(port=port, upstreams=(Upstream("openai", upstream, "/v1"),))
+    upstreams = (Upstream("openai", upstream, "/v1"),)
+    config = Config(port=port, console_port=0, upstreams=upstreams)  # no database: no console
     asyncio.run(run(config, CountingRecorder()))
 
 

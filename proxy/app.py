@@ -116,6 +116,13 @@ async def run(
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
     await site.start()
+    from .console import start_console  # its own listener: console_host:console_port
+
+    try:
+        console = await start_console(config)
+    except BaseException:
+        await runner.cleanup()
+        raise
     log.info(
         "flightrec listening on http://%s:%d, upstreams: %s",
         config.host,
@@ -130,4 +137,6 @@ async def run(
         await stop.wait()
         log.info("stopping: finishing in-flight exchanges (up to %.0fs)", config.shutdown_grace)
     finally:
+        if console is not None:
+            await console.cleanup()
         await runner.cleanup()

@@ -129,6 +129,9 @@ def serve(
     cfg = load_config(
         config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers
     )
+    from .console.auth import check_bind
+
+    check_bind(cfg.console_host if cfg.console_port else "127.0.0.1", cfg.console_token)
     log_to_stderr(cfg.log_level)
     if cfg.workers > 1:
         from .workers import supervise
@@ -137,6 +140,24 @@ def serve(
     from .app import run  # keep `flightrec logs` from importing aiohttp's server
 
     asyncio.run(run(cfg))
+
+
+@main.command()
+@config_option
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port to listen on (default 8081).")
+@click.option("--db", "db_url", default=None, help="Database URL.")
+@user_errors
+def console(
+    config_path: str | None, host: str | None, port: int | None, db_url: str | None
+) -> None:
+    """Serve the console (pages and JSON API) alone, against a database."""
+    cfg = load_config(config_path, console_host=host, console_port=port, db_url=db_url)
+    from .console import check_bind, run_console
+
+    check_bind(cfg.console_host, cfg.console_token)
+    log_to_stderr(cfg.log_level)
+    asyncio.run(run_console(cfg))
 
 
 # --- Database commands: `db upgrade`, `logs`, `show` (thin; the work is in proxy/store) ---
@@ -220,7 +241,7 @@ tag_option = click.option(
 @main.command()
 @config_option
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
-@click.option("--model", default=None, help="Only exchanges that requested this model.")
+@click.option("--model", default=None, help="Only exchanges that requested or got this model.")
 @since_option
 @tag_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")

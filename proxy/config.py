@@ -78,6 +78,11 @@ class Config:
     spool_path: str = "flightrec.spool"
     journal_max_bytes: int = 1024**3
     log_level: str = "info"
+    console_host: str = "127.0.0.1"
+    console_port: int = 8081
+    """0: `serve` runs no console."""
+    console_token: str | None = field(default=None, repr=False)
+    """Needed by every console route when set; required off loopback. Never logged."""
     upstreams: tuple[Upstream, ...] = field(
         default_factory=lambda: (Upstream("openai", DEFAULT_UPSTREAM, "/v1"),)
     )
@@ -150,6 +155,13 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
     return parse
 
 
+def _optional_str(key: str, value: Any) -> str | None:
+    """A string, or "" for none."""
+    if value == "":
+        return None
+    return _str(key, value)
+
+
 def _db_url(key: str, value: Any) -> str:
     url = _str(key, value)
     if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
@@ -193,6 +205,9 @@ KEYS: dict[str, Key] = {
         _positive_int, "largest the journal may grow (records not yet written)"
     ),
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
+    "console_host": Key(_str, "address the console listens on"),
+    "console_port": Key(_port, "port of the console serve runs (0: none)"),
+    "console_token": Key(_optional_str, "token every console route needs (required off loopback)"),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors

@@ -22,7 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def worker_config(config: Config, index: int) -> Config:
-    return replace(config, spool_path=f"{config.spool_path}.{index}", auto_upgrade=False)
+    """Worker 0 alone serves the console: one console whatever N is."""
+    console_port = config.console_port if index == 0 else 0
+    return replace(
+        config,
+        spool_path=f"{config.spool_path}.{index}",
+        auto_upgrade=False,
+        console_port=console_port,
+    )
 
 
 def _worker(config: Config, index: int) -> None:

@@ -121,8 +121,9 @@ class Recorded:
     """What the streaming client received, byte for byte."""
 
 
-async def record_two(config: Config) -> Recorded:
-    """One streamed and one plain chat completion of gpt-4o-mini, through a real proxy."""
+async def record_two(config: Config, headers: dict[str, str] | None = None) -> Recorded:
+    """One streamed and one plain chat completion of gpt-4o-mini, through a real proxy;
+    `headers` go with both (e.g. control headers)."""
     await upgrade(config.db_url)
     app = build_app(config, DatabaseRecorder(config))
     runner = make_runner(app, config)
@@ -134,12 +135,14 @@ async def record_two(config: Config) -> Recorded:
             model="gpt-4o-mini",
             messages=MESSAGES,
             stream=True,  # type: ignore[arg-type]
+            extra_headers=headers,
         )
         stream_bytes = b"".join([part async for part in raw.http_response.aiter_bytes()])
         stream_id = raw.headers["X-Flightrec-Id"]
         plain = await client.chat.completions.with_raw_response.create(
             model="gpt-4o-mini",
             messages=MESSAGES,  # type: ignore[arg-type]
+            extra_headers=headers,
         )
         plain_id = plain.headers["X-Flightrec-Id"]
     finally:

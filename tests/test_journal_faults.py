@@ -103,6 +103,7 @@ async def test_an_unwritable_journal_directory_and_a_locked_database_never_stall
     db = tmp_path / "serve.db"
     await upgrade(sqlite_url(db))
     env = {**os.environ, "FLIGHTREC_SPOOL_PATH": str(tmp_path / "ro" / "sp" / "fr.spool")}
+    env["FLIGHTREC_CONSOLE_PORT"] = "0"  # no console: parallel runs never share 8081
     log_path = tmp_path / "serve.log"
     with reserved_port() as port, unwritable_dir(tmp_path / "ro"), log_path.open("wb") as log:
         url = f"http://127.0.0.1:{port}"

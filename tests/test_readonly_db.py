@@ -64,6 +64,7 @@ async def _serve(
         **{k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")},
         "FLIGHTREC_SPOOL_PATH": str(tmp_path / "spool" / "fr.spool"),
         "FLIGHTREC_LOG_LEVEL": "info",
+        "FLIGHTREC_CONSOLE_PORT": "0",  # no console: parallel runs never share 8081
     }
     (tmp_path / "spool").mkdir(exist_ok=True)
     with (tmp_path / "serve.log").open("wb") as log:

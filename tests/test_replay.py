@@ -192,3 +192,20 @@ async def test_cli_errors_are_one_line(upstream: FakeUpstream, tmp_path: Path) -
         assert run.code == 2 and expected in run.err and "Traceback" not in run.err, run.err
     async with reading(url) as engine:
         assert len(await list_exchanges(engine)) == 2  # nothing was sent
+
+
+async def test_replay_carries_the_originals_tags_and_user(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    answer_by_model(upstream)
+    config = config_for(dbs.sqlite_url(tmp_path / "r.db"), upstream.url, tmp_path)
+    headers = {"X-Flightrec-Tag-Team": "red", "X-Flightrec-Tag-env": "prod eu",
+               "X-Flightrec-User": "user-42"}  # fmt: skip
+    recorded = await record_two(config, headers)
+    comparisons = await replay(config, [recorded.stream_id], ReplayOptions(), env=ENV)
+    async with reading(config.db_url) as engine:
+        original = await get_exchange(engine, recorded.stream_id)
+        again = await get_exchange(engine, comparisons[0]["replay"])
+    assert original["tags"] == {"team": "red", "env": "prod eu"}
+    assert (again["tags"], again["user"]) == (original["tags"], "user-42")
+    assert not any(name.lower().startswith("x-flightrec") for name in upstream.seen[-1].headers)

@@ -52,14 +52,14 @@ async def slow_upstream() -> AsyncIterator[str]:
 
 
 async def _start_serve(
-    tmp_path: Path, upstream: str, *extra: str
+    tmp_path: Path, upstream: str, *extra: str, console_port: int = 0
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
     with reserved_port() as port:  # until serve listens on it
-        return await _serve_on(port, tmp_path, upstream, *extra)
+        return await _serve_on(port, tmp_path, upstream, *extra, console_port=console_port)
 
 
 async def _serve_on(
-    port: int, tmp_path: Path, upstream: str, *extra: str
+    port: int, tmp_path: Path, upstream: str, *extra: str, console_port: int = 0
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
     db = tmp_path / "serve.db"
     env = {
@@ -68,6 +68,7 @@ async def _serve_on(
         "FLIGHTREC_SHUTDOWN_GRACE": "15",
         "FLIGHTREC_STREAM_USAGE": "passthrough",
         "FLIGHTREC_LOG_LEVEL": "debug",
+        "FLIGHTREC_CONSOLE_PORT": str(console_port),  # 0: none, so runs never share 8081
     }
     log = (tmp_path / "serve.log").open("wb")  # a file: a pipe nobody reads would fill up
     process = await asyncio.create_subprocess_exec(

@@ -103,48 +103,14 @@ async def list_exchanges(
     since: datetime | None = None,
     tags: list[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Summaries, newest first. `model` matches the requested model exactly."""
-    ex, usage = t.exchanges, t.usage
-    query = (
-        sa.select(
-            ex.c.id,
-            ex.c.started_at,
-            ex.c.method,
-            ex.c.path,
-            ex.c.upstream,
-            ex.c.model,
-            ex.c.status,
-            ex.c.outcome,
-            ex.c.stream,
-            ex.c.duration_ms,
-            usage.c.prompt_tokens,
-            usage.c.completion_tokens,
-            usage.c.total_tokens,
-            ex.c.cost_usd,
-            ex.c.end_user.label("user"),
-            ex.c.key_hint,
-        )
-        .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
-        .order_by(ex.c.started_at.desc(), ex.c.id.desc())
-        .limit(limit)
-    )
-    if model is not None:
-        query = query.where(ex.c.model == model)
-    if since is not None:
-        query = query.where(ex.c.started_at >= since)
-    for key, value in tags or []:
-        query = query.where(
-            sa.exists().where(
-                t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
-            )
-        )
-    async with engine.connect() as conn:
-        rows = (await conn.execute(query)).mappings().all()
-        tags_by_id = await _tags(conn, [row["id"] for row in rows])
-    return [
-        {**row, "started_at": _iso(row["started_at"]), "tags": tags_by_id[row["id"]]}
-        for row in rows
-    ]
+    """`logs`: the first page of `browse.list_page` (the console's list), newest first.
+    `model` matches the requested or the answering model exactly, as in `cost`."""
+    from .browse import ListFilters, list_page
+    from .report import Filters
+
+    filters = ListFilters(Filters(since=since, model=model, tags=tuple(tags or ())))
+    items, _next = await list_page(engine, filters, limit=limit)
+    return items
 
 
 def _body(parsed: Any, raw: bytes | None, omitted: bool) -> Any:

@@ -131,14 +131,24 @@ def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
     return sa.func.substr(ex.c.started_at, 1, 10), source
 
 
-def _report_query(by: str, filters: Filters, dialect: str) -> sa.Select[Any]:
+def cost_nano() -> sa.ColumnElement[int]:
+    """An exchange's cost in whole nano-dollars, what reports sum."""
+    return sa.cast(sa.func.round(t.exchanges.c.cost_usd * 1e9), sa.BigInteger)
+
+
+def is_unpriced() -> sa.ColumnElement[bool]:
+    """An exchange that should have a cost and has none (see the module docstring)."""
     ex, usage = t.exchanges, t.usage
-    group, source = _group_column(by, dialect)
-    nano = sa.cast(sa.func.round(ex.c.cost_usd * 1e9), sa.BigInteger)
-    unpriced = sa.and_(
+    return sa.and_(
         ex.c.cost_usd.is_(None),
         sa.or_(usage.c.exchange_id.is_not(None), ex.c.usage_source == "missing"),
     )
+
+
+def _report_query(by: str, filters: Filters, dialect: str) -> sa.Select[Any]:
+    ex, usage = t.exchanges, t.usage
+    group, source = _group_column(by, dialect)
+    nano, unpriced = cost_nano(), is_unpriced()
     columns: list[Any] = [
         group.label("group"),
         sa.func.count().label("requests"),

@@ -36,10 +36,13 @@ class Filters:
     limit: int | None = None
     originals_only: bool = False
     """Leave out exchanges that are replays themselves."""
+    where: tuple[sa.ColumnElement[bool], ...] = ()
+    """More conditions, e.g. the console's list filters (`browse.ListFilters.where`)."""
 
 
 def _filtered(query: Any, filters: Filters) -> Any:
     ex = t.exchanges
+    query = query.where(*filters.where)
     if filters.since is not None:
         query = query.where(ex.c.started_at >= filters.since)
     if filters.until is not None:

@@ -40,10 +40,15 @@ def _exchange_id() -> sa.Column[str]:
     )
 
 
-def _where_set(column: str) -> dict[str, Any]:
-    """A partial index's condition on both engines: only rows where `column` has a value."""
-    where = sa.text(f"{column} IS NOT NULL")
+def _where(condition: str) -> dict[str, Any]:
+    """A partial index's condition on both engines."""
+    where = sa.text(condition)
     return {"sqlite_where": where, "postgresql_where": where}
+
+
+def _where_set(column: str) -> dict[str, Any]:
+    """Only rows where `column` has a value."""
+    return _where(f"{column} IS NOT NULL")
 
 
 exchanges = sa.Table(
@@ -90,6 +95,9 @@ exchanges = sa.Table(
     # Partial: most records have no user and are not replays (migration 0002).
     sa.Index(None, "end_user", "started_at", **_where_set("end_user")),
     sa.Index(None, "replay_of", **_where_set("replay_of")),
+    # Partial: only failures, what the console's error filters look for (migration 0003).
+    sa.Index(None, "outcome", "started_at", **_where("outcome <> 'ok'")),
+    sa.Index(None, "status", "started_at", **_where("status >= 400")),
 )
 
 tags = sa.Table(

@@ -1,0 +1,94 @@
+"""flightrec's console: server-rendered pages and a read-only JSON API over the record.
+
+`build_console` makes the aiohttp application (its own, not the proxy's: it listens on
+`console_host:console_port`), `start_console` starts it next to the proxy in `serve`, and
+`run_console` serves it alone for `flightrec console`. Modules: `api` (JSON), `pages` (HTML,
+Jinja2 templates in `templates/`, assets in `static/`), `auth` (token, cookie, security
+headers), `params` (query strings into store filters), `views` (what templates draw).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import jinja2
+from aiohttp import web
+
+from ..config import Config, ConfigError
+from ..store.read import reading
+from . import api, auth, pages
+from .auth import check_bind
+from .state import CONSOLE, Console
+
+__all__ = ["build_console", "check_bind", "run_console", "start_console"]
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+
+
+def templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    console = app[CONSOLE]
+    async with reading(console.config.db_url) as engine:
+        console.engine = engine
+        yield
+        console.engine = None
+
+
+def build_console(config: Config) -> web.Application:
+    auth.check_bind(config.console_host, config.console_token)
+    app = web.Application(
+        middlewares=[auth.make_auth_middleware(pages.login_page), api.api_errors, pages.errors]
+    )
+    app[CONSOLE] = Console(config, templates())
+    app.cleanup_ctx.append(_database)
+    app.on_response_prepare.append(auth.add_security_headers)
+    api.add_routes(app)
+    pages.add_routes(app)
+    app.router.add_static("/static/", HERE / "static", append_version=True)
+    return app
+
+
+async def start_console(config: Config) -> web.AppRunner | None:
+    """The console on `console_host:console_port`, or None when `console_port` is 0."""
+    if config.console_port == 0:
+        return None
+    runner = web.AppRunner(build_console(config), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.console_host, config.console_port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    token = "token required" if config.console_token else "no token: loopback only"
+    log.info("console on http://%s:%d (%s)", config.console_host, config.console_port, token)
+    return runner
+
+
+async def run_console(config: Config) -> None:
+    """`flightrec console`: serve the console alone until SIGTERM or SIGINT."""
+    runner = await start_console(config)
+    if runner is None:
+        raise ConfigError("console_port: 0 means no console; give a port")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

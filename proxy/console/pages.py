@@ -1,0 +1,234 @@
+"""The console's HTML pages, rendered on the server: they read fine with JavaScript off.
+
+Each page calls the same store functions as the API (and the CLI); `views` and `charts`
+shape the results for the templates. A filter is a GET form, so a view is a URL to share.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from .. import export as export_mod
+from ..compare import compare, content_of
+from ..store import browse, detail, report, series
+from ..store.engine import StoreError
+from ..store.read import get_exchange
+from ..store.scan import Filters as ScanFilters
+from . import auth, charts, params, views
+from .state import state
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+EXPORT_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "har": "application/json"}
+
+
+def when(iso: str | None) -> str:
+    return "-" if iso is None else datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def usd(value: Any) -> str:
+    return "unpriced" if value is None else "$" + report.usd(Decimal(str(value)))
+
+
+def render(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
+    env = state(request).templates
+    env.filters.update(when=when, ms=ms, usd=usd)
+    context.setdefault("signed_in", bool(state(request).token))
+    context.setdefault("path", request.path)
+    html = env.get_template(name).render(**context)
+    return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Pages answer a bad parameter, an unknown id or route with a page saying so."""
+    if request.path.startswith("/api/"):
+        return await handler(request)
+    try:
+        return await handler(request)
+    except params.BadParam as exc:
+        return render(request, "error.html", 400, title="Bad parameter", message=str(exc))
+    except StoreError as exc:
+        return render(request, "error.html", 404, title="Not found", message=str(exc))
+    except web.HTTPNotFound:
+        message = f"no page at {request.path}"
+        return render(request, "error.html", 404, title="Not found", message=message)
+
+
+def _url(path: str, pairs: list[tuple[str, Any]]) -> str:
+    return path + ("?" + urlencode(pairs) if pairs else "")
+
+
+async def list_view(request: web.Request) -> web.Response:
+    query = request.query
+    params.check_known(query, params.LIST_PARAMS)
+    filters = params.list_filters(query)
+    limit, cursor = params.page(query)
+    items, following = await browse.list_page(
+        state(request).db(), filters, limit=limit, cursor=cursor
+    )
+    kept = params.plain(query, params.LIST_PARAMS - {"cursor"})
+    filter_pairs = [(k, v) for k, v in kept if k != "limit"]
+    return render(
+        request,
+        "list.html",
+        items=items,
+        form={k: query.get(k, "") for k in params.LIST_PARAMS},
+        tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
+        outcomes=browse.OUTCOMES,
+        next_url=None if following is None else _url("/", [*kept, ("cursor", following)]),
+        first_url=_url("/", kept) if cursor else None,
+        exports={f: _url("/export", [*filter_pairs, ("format", f)]) for f in EXPORT_TYPES},
+        filtered=bool(filter_pairs),
+    )
+
+
+async def exchange_view(request: web.Request) -> web.Response:
+    engine = state(request).db()
+    shown = await get_exchange(engine, request.match_info["id"])
+    probs = await detail.logprobs(engine, shown["id"])
+    return render(
+        request,
+        "exchange.html",
+        ex=shown,
+        replays=await browse.replays_of(engine, shown["id"]),
+        messages=views.conversation(shown["request"]),
+        answers=views.answers(shown["response"]),
+        logprobs=views.logprob_view(probs["choices"]),
+        timeline=views.timeline(await detail.timeline(engine, shown["id"])),
+        request_json=views.pretty_json(shown["request"]),
+        response_json=views.pretty_json(shown["response"]),
+        usage_json=views.pretty_json(shown["usage"]) if shown["usage"] else None,
+        tokens=views.tokens(shown["usage"]),
+    )
+
+
+async def diff_view(request: web.Request) -> web.Response:
+    engine = state(request).db()
+    replayed = await get_exchange(engine, request.match_info["id"])
+    if replayed["replay_of"] is None:
+        raise StoreError(f"exchange {replayed['id']} is not a replay")
+    original = await get_exchange(engine, replayed["replay_of"])
+    old_text = content_of(original["response"])
+    new_text = content_of(replayed["response"])
+    left, right = views.word_diff(old_text, new_text)
+    return render(
+        request,
+        "diff.html",
+        original=original,
+        replay=replayed,
+        c=compare(original, replayed),
+        left=left,
+        right=right,
+        old_answers=views.answers(original["response"]),
+        new_answers=views.answers(replayed["response"]),
+    )
+
+
+async def cost_view(request: web.Request) -> web.Response:
+    query = request.query
+    params.check_known(query, params.COST_PARAMS | {"by", "bucket"})
+    filters = params.cost_filters(query)
+    by, bucket = params.by(query), params.bucket(query)
+    engine = state(request).db()
+    rows = await report.cost_report(engine, by, filters)
+    found = await series.cost_series(engine, by, bucket, filters)
+    kept = params.plain(query, params.COST_PARAMS)
+    return render(
+        request,
+        "cost.html",
+        rows=rows,
+        total=report.total(rows),
+        by=by,
+        bucket=bucket,
+        form={k: query.get(k, "") for k in params.COST_PARAMS},
+        tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
+        cost_chart=charts.stacked_bars(found, "cost"),
+        token_chart=charts.stacked_bars(found, "tokens"),
+        api_url=_url("/api/cost", [*kept, ("by", by)]),
+    )
+
+
+async def fingerprints_view(request: web.Request) -> web.Response:
+    rows = await browse.fingerprints(state(request).db())
+    return render(request, "fingerprints.html", lanes=charts.fingerprint_lanes(rows))
+
+
+async def export_view(request: web.Request) -> web.StreamResponse:
+    """The list's current filter as CSV, JSONL or HAR (`flightrec export`'s writers)."""
+    query = request.query
+    params.check_known(query, (params.LIST_PARAMS - {"cursor", "limit"}) | {"format"})
+    fmt = query.get("format", "")
+    if fmt not in EXPORT_TYPES:
+        raise params.BadParam("format", f"expected one of {', '.join(EXPORT_TYPES)}")
+    filters = ScanFilters(where=tuple(params.list_filters(query).where()))
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": EXPORT_TYPES[fmt],
+            "Content-Disposition": f'attachment; filename="flightrec.{fmt}"',
+        }
+    )
+    with tempfile.SpooledTemporaryFile(max_size=8 << 20) as buffer:
+        config = state(request).config
+        await export_mod.export(
+            state(request).db(), buffer.write, fmt, filters, upstreams=config.upstreams
+        )
+        buffer.seek(0)
+        await response.prepare(request)
+        while chunk := buffer.read(1 << 16):
+            await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def login_page(request: web.Request, status: int = 200) -> web.Response:
+    target = request.query.get("next") or request.path_qs
+    return render(
+        request,
+        "login.html",
+        status,
+        next=auth.safe_next(target if target != "/login" else "/"),
+        failed=False,
+        signed_in=False,
+    )
+
+
+async def login_get(request: web.Request) -> web.Response:
+    return await login_page(request)
+
+
+async def login_post(request: web.Request) -> web.Response:
+    form = await request.post()
+    response = auth.login_response(request, form.get("token"), form.get("next"))
+    if response is not None:
+        return response
+    nxt = auth.safe_next(str(form.get("next") or "/"))
+    return render(request, "login.html", 401, next=nxt, failed=True, signed_in=False)
+
+
+async def logout(request: web.Request) -> web.Response:
+    response = auth.see_other("/login")
+    response.del_cookie(auth.COOKIE, path="/")
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", list_view)
+    app.router.add_get("/exchanges/{id}", exchange_view)
+    app.router.add_get("/exchanges/{id}/diff", diff_view)
+    app.router.add_get("/cost", cost_view)
+    app.router.add_get("/fingerprints", fingerprints_view)
+    app.router.add_get("/export", export_view)
+    app.router.add_get("/login", login_get)
+    app.router.add_post("/login", login_post)
+    app.router.add_post("/logout", logout)

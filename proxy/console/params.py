@@ -1,0 +1,120 @@
+"""Query strings into store filters, for the API and the pages alike.
+
+Every problem is a `BadParam` naming the parameter, which the API answers with 400 and
+`{"error": {"message", "type", "param"}}`. An empty value is the same as no value, so a GET
+form with blank fields is a valid query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from multidict import MultiMapping
+
+from ..store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
+from ..store.read import parse_since, parse_tag
+from ..store.report import Filters, parse_by
+from ..store.series import parse_bucket
+
+T = TypeVar("T")
+Query = MultiMapping[str]
+
+COST_PARAMS = frozenset({"since", "until", "model", "key", "tag"})
+LIST_PARAMS = COST_PARAMS | {
+    "outcome", "status", "user", "upstream", "fingerprint", "replay_of", "q", "limit", "cursor",
+}  # fmt: skip
+
+
+class BadParam(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def _one(query: Query, name: str, parse: Callable[[str], T]) -> T | None:
+    values = [v for v in query.getall(name, []) if v.strip()]
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadParam(name, "give it once")
+    try:
+        return parse(values[0].strip())
+    except ValueError as exc:
+        raise BadParam(name, str(exc)) from None
+
+
+def _status(text: str) -> int:
+    if not text.isdigit() or not 100 <= int(text) <= 599:
+        raise ValueError(f"expected an HTTP status 100-599, got {text!r}")
+    return int(text)
+
+
+def _outcome(text: str) -> str:
+    if text not in OUTCOMES:
+        raise ValueError(f"expected one of {', '.join(OUTCOMES)}, got {text!r}")
+    return text
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise ValueError(f"expected a number from 1 to {MAX_LIMIT}, got {text!r}")
+    return int(text)
+
+
+def _cursor(text: str) -> str:
+    decode_cursor(text)
+    return text
+
+
+def check_known(query: Query, known: frozenset[str]) -> None:
+    for name in query:
+        if name not in known:
+            raise BadParam(name, f"unknown parameter (known: {', '.join(sorted(known))})")
+
+
+def cost_filters(query: Query) -> Filters:
+    """since, until, model, key, tag (repeatable): what `flightrec cost` takes."""
+    tags = []
+    for value in query.getall("tag", []):
+        if value.strip():
+            try:
+                tags.append(parse_tag(value))
+            except ValueError as exc:
+                raise BadParam("tag", str(exc)) from None
+    since = _one(query, "since", parse_since)
+    until = _one(query, "until", parse_since)
+    if since is not None and until is not None and since >= until:
+        raise BadParam("until", "must be later than since")
+    return Filters(since, until, _one(query, "model", str), _one(query, "key", str), tuple(tags))
+
+
+def list_filters(query: Query) -> ListFilters:
+    return ListFilters(
+        base=cost_filters(query),
+        outcome=_one(query, "outcome", _outcome),
+        status=_one(query, "status", _status),
+        user=_one(query, "user", str),
+        upstream=_one(query, "upstream", str),
+        fingerprint=_one(query, "fingerprint", str),
+        replay_of=_one(query, "replay_of", str),
+        q=_one(query, "q", str),
+    )
+
+
+def page(query: Query, default_limit: int = 50) -> tuple[int, str | None]:
+    """(limit, cursor) of a list request."""
+    return _one(query, "limit", _limit) or default_limit, _one(query, "cursor", _cursor)
+
+
+def by(query: Query, default: str = "model") -> str:
+    return _one(query, "by", parse_by) or default
+
+
+def bucket(query: Query, default: str = "day") -> str:
+    return _one(query, "bucket", parse_bucket) or default
+
+
+def plain(query: Query, names: frozenset[str]) -> list[tuple[str, Any]]:
+    """The non-empty parameters among `names`, in order: to build links that keep a view."""
+    return [(k, v) for k, v in query.items() if k in names and v.strip()]

@@ -1,0 +1,34 @@
+"""What every console handler reads: the database, the token, the templates, the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jinja2
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ..config import Config
+
+
+@dataclass(slots=True)
+class Console:
+    config: Config
+    templates: jinja2.Environment
+    engine: AsyncEngine | None = None
+    """Set while the app runs (its cleanup_ctx opens and disposes it)."""
+
+    @property
+    def token(self) -> str | None:
+        return self.config.console_token or None
+
+    def db(self) -> AsyncEngine:
+        assert self.engine is not None, "the console app is not running"
+        return self.engine
+
+
+CONSOLE = web.AppKey("console", Console)
+
+
+def state(request: web.Request) -> Console:
+    return request.app[CONSOLE]

@@ -1,0 +1,236 @@
+"""What the templates draw, computed in Python: messages by role, logprob colours, the stream
+timeline's SVG geometry and the word diff of a replay. No I/O; every string it returns is
+escaped by the templates (autoescape), so recorded content only ever becomes text."""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+from typing import Any
+
+import orjson
+
+LOGPROB_CLASSES = 10
+
+
+def pretty_json(value: Any) -> str:
+    if isinstance(value, str):
+        text = value
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return text
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _text(content: Any) -> str | None:
+    """Message content as text: a string, or the text of its parts (others named)."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            elif isinstance(part, dict):
+                out.append(f"[{part.get('type', 'part')}]")
+        return "\n".join(out)
+    return pretty_json(content)
+
+
+def _calls(message: dict[str, Any]) -> list[dict[str, str]]:
+    found = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    calls = []
+    for call in found:
+        found_function = call.get("function")
+        function: dict[str, Any] = found_function if isinstance(found_function, dict) else {}
+        calls.append(
+            {
+                "id": str(call.get("id") or ""),
+                "name": str(function.get("name") or call.get("type") or "?"),
+                "arguments": pretty_json(function.get("arguments", "")),
+            }
+        )
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        calls.append(
+            {
+                "id": "",
+                "name": str(legacy.get("name") or "?"),
+                "arguments": pretty_json(legacy.get("arguments", "")),
+            }
+        )
+    return calls
+
+
+def message_view(message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        return {"role": "?", "content": pretty_json(message), "refusal": None, "calls": []}
+    return {
+        "role": str(message.get("role") or "?"),
+        "name": message.get("name"),
+        "tool_call_id": message.get("tool_call_id"),
+        "content": _text(message.get("content")),
+        "refusal": message.get("refusal"),
+        "calls": _calls(message),
+    }
+
+
+def tokens(usage: Any) -> dict[str, Any] | None:
+    """Prompt (cached), completion (reasoning) counts of chat or Responses API usage."""
+    if not isinstance(usage, dict):
+        return None
+
+    def count(*path: str) -> Any:
+        value: Any = usage
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        return value if isinstance(value, int) else "-"
+
+    prompt = count("prompt_tokens") if "prompt_tokens" in usage else count("input_tokens")
+    completion = count("completion_tokens")
+    if "completion_tokens" not in usage:
+        completion = count("output_tokens")
+    cached = count("prompt_tokens_details", "cached_tokens")
+    if cached == "-":
+        cached = count("input_tokens_details", "cached_tokens")
+    reasoning = count("completion_tokens_details", "reasoning_tokens")
+    if reasoning == "-":
+        reasoning = count("output_tokens_details", "reasoning_tokens")
+    return {"prompt": prompt, "completion": completion, "cached": cached, "reasoning": reasoning}
+
+
+def conversation(request: Any) -> list[dict[str, Any]]:
+    """The request's messages (chat) or its prompt / input (other endpoints)."""
+    if not isinstance(request, dict):
+        return []
+    if isinstance(request.get("messages"), list):
+        return [message_view(m) for m in request["messages"]]
+    for field in ("prompt", "input"):
+        if field in request:
+            return [message_view({"role": "user", "content": _text(request[field])})]
+    return []
+
+
+def answers(response: Any) -> list[dict[str, Any]]:
+    """Every choice of a chat completion (or a legacy completion's text), by index."""
+    found = response.get("choices") if isinstance(response, dict) else None
+    out = []
+    for choice in found if isinstance(found, list) else []:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        view = message_view(
+            message if isinstance(message, dict) else {"content": choice.get("text")}
+        )
+        if view["role"] == "?":
+            view["role"] = "assistant"
+        view["index"] = choice.get("index")
+        view["finish_reason"] = choice.get("finish_reason")
+        out.append(view)
+    return out
+
+
+def _probability_class(logprob: Any) -> str:
+    if not isinstance(logprob, int | float) or not math.isfinite(logprob):
+        return "lpn"
+    p = math.exp(min(0.0, float(logprob)))
+    return f"lp{min(LOGPROB_CLASSES - 1, int(p * LOGPROB_CLASSES))}"
+
+
+def logprob_view(choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The logprobs API's choices with a colour class and readable alternatives per token."""
+    out = []
+    for choice in choices:
+        tokens = []
+        for token in choice["tokens"]:
+            logprob = token["logprob"]
+            alternatives = [
+                (str(alt.get("token", "")), _percent(alt.get("logprob")))
+                for alt in token["top_logprobs"]
+                if isinstance(alt, dict)
+            ]
+            tokens.append(
+                {
+                    "text": token["token"],
+                    "css": _probability_class(logprob),
+                    "p": _percent(logprob),
+                    "logprob": logprob,
+                    "alternatives": alternatives,
+                }
+            )
+        out.append({**choice, "tokens": tokens})
+    return out
+
+
+def _percent(logprob: Any) -> str:
+    if not isinstance(logprob, int | float) or not math.isfinite(logprob):
+        return "?"
+    return f"{100 * math.exp(min(0.0, float(logprob))):.1f}%"
+
+
+def timeline(found: dict[str, Any], width: int = 640, height: int = 140) -> dict[str, Any] | None:
+    """Bytes over time as an SVG polyline, with TTFT and the longest gap between writes."""
+    pacing = found["pacing"]
+    if not pacing:
+        return None
+    end_ms = float(max(found["duration_ms"] or 0.0, pacing[-1][1], 1.0))
+    total = float(max(pacing[-1][0], 1))
+    pad = 30
+
+    def x(ms: float) -> float:
+        return round(pad + (width - 2 * pad) * ms / end_ms, 1)
+
+    def y(size: float) -> float:
+        return round(height - pad - (height - 2 * pad) * size / total, 1)
+
+    points = [(x(0), y(0))]
+    for size, ms in pacing:
+        points.append((x(ms), points[-1][1]))
+        points.append((x(ms), y(size)))
+    gap = (0.0, 0.0)
+    for (_, before), (_, after) in itertools.pairwise(pacing):
+        if after - before > gap[1] - gap[0]:
+            gap = (before, after)
+    ttft = found["ttft_ms"]
+    return {
+        "width": width,
+        "height": height,
+        "points": " ".join(f"{px},{py}" for px, py in points),
+        "ttft_x": None if ttft is None else x(ttft),
+        "ttft_ms": ttft,
+        "gap": None if gap[1] <= gap[0] else (x(gap[0]), x(gap[1]), round(gap[1] - gap[0], 1)),
+        "end_ms": round(end_ms, 1),
+        "bytes": pacing[-1][0],
+        "writes": len(pacing),
+        "top": pad,
+        "bottom": height - pad,
+    }
+
+
+WORD_DIFF_CHARS = 50_000
+_WORDS = re.compile(r"\s+|[^\s\w]|\w+")
+
+
+def word_diff(old: str | None, new: str | None) -> tuple[list[Any], list[Any]]:
+    """Both texts as (text, kind) runs, kind `same`, `del` (left) or `ins` (right)."""
+    if len(old or "") + len(new or "") > WORD_DIFF_CHARS:
+        # Word diffs grow with the square of the text: long answers are compared by lines.
+        a, b = (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True)
+    else:
+        a, b = _WORDS.findall(old or ""), _WORDS.findall(new or "")
+    left: list[tuple[str, str]] = []
+    right: list[tuple[str, str]] = []
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            left.append(("".join(a[i1:i2]), "same"))
+            right.append(("".join(b[j1:j2]), "same"))
+            continue
+        if i2 > i1:
+            left.append(("".join(a[i1:i2]), "del"))
+        if j2 > j1:
+            right.append(("".join(b[j1:j2]), "ins"))
+    return left, right

@@ -1,0 +1,104 @@
+"""The console's pages over HTTP: exports of the current filter through the CLI's writers,
+pages for bad parameters and unknown ids, every choice, tool calls and refusals, pagination
+that keeps the filter, and the fingerprints page."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient
+
+from .console_data import Seeded, console_app, seeded_client, write
+from .dbs import chat_exchange, sqlite_url
+
+Client = TestClient[Any, Any]
+
+
+@pytest.fixture
+async def site(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[tuple[Client, Seeded]]:
+    async for pair in seeded_client(aiohttp_client, sqlite_url(tmp_path / "pages.db")):
+        yield pair
+
+
+async def text(client: Client, path: str, status: int = 200) -> str:
+    response = await client.get(path)
+    assert response.status == status, path
+    return await response.text()
+
+
+async def test_export_the_current_filter(site: tuple[Client, Seeded]) -> None:
+    client, s = site
+    expected = {s.original.id, s.replay.id}
+    rows = list(csv.DictReader(io.StringIO(await text(client, "/export?format=csv&user=cat"))))
+    assert {row["id"] for row in rows} == expected
+    lines = (await text(client, "/export?format=jsonl&user=cat")).splitlines()
+    records = [json.loads(line) for line in lines]
+    assert {r["id"] for r in records} == expected
+    shown = await (await client.get(f"/api/exchanges/{s.original.id}")).json()
+    shown.pop("replays")
+    assert next(r for r in records if r["id"] == s.original.id) == shown
+    har = json.loads(await text(client, "/export?format=har&q=colours"))
+    assert len(har["log"]["entries"]) == 2
+    assert "format" in await text(client, "/export?format=pdf", 400)
+    listed = await text(client, "/?user=cat")
+    assert 'href="/export?user=cat&amp;format=csv"' in listed
+
+
+async def test_bad_parameters_and_unknown_ids_are_pages(site: tuple[Client, Seeded]) -> None:
+    client, _ = site
+    page = await text(client, "/?status=abc", 400)
+    assert "status: expected an HTTP status" in page and "<!doctype html>" in page
+    assert "no exchange with id" in await text(client, "/exchanges/nope", 404)
+    assert "no page at /nowhere" in await text(client, "/nowhere", 404)
+    assert "not a replay" in await text(client, "/exchanges/" + site[1].original.id + "/diff", 404)
+
+
+async def test_pages_keep_the_filter_across_pages(site: tuple[Client, Seeded]) -> None:
+    client, s = site
+    first = await text(client, "/?limit=2&model=gpt-4o-mini")
+    assert first.count('<tr>\n    <td><a href="/exchanges/') == 2
+    start = first.index('rel="next"') - 300
+    link = first[start:].split('href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    assert "model=gpt-4o-mini" in link and "limit=2" in link and "cursor=" in link
+    second = await text(client, link)
+    assert "« Newest" in second and s.old.id not in second  # gpt-4o is filtered out
+
+
+async def test_choices_tool_calls_and_refusals(aiohttp_client: Any, tmp_path: Path) -> None:
+    ex = chat_exchange()
+    function = {"name": "get_weather", "arguments": '{"city":"Paris","days":2}'}
+    call = {"id": "call_1", "type": "function", "function": function}
+    ex.response_json["choices"] = [
+        {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+         "finish_reason": "tool_calls"},
+        {"index": 1, "message": {"role": "assistant", "content": None, "refusal": "I can't."},
+         "finish_reason": "stop"},
+    ]  # fmt: skip
+    ex.response_body = orjson.dumps(ex.response_json)
+    tool = {"role": "tool", "tool_call_id": "call_0", "content": "22C"}
+    ex.request_json["messages"].append(tool)
+    ex.request_body = orjson.dumps(ex.request_json)
+    url = sqlite_url(tmp_path / "choices.db")
+    await write(url, [ex])
+    client = await aiohttp_client(console_app(url))
+    page = html.unescape(await text(client, f"/exchanges/{ex.id}"))
+    assert "Answers (2 choices)" in page
+    assert "get_weather" in page and '"city": "Paris"' in page  # formatted JSON
+    assert "I can't." in page and "finish: tool_calls" in page
+    assert "role-tool" in page and "call_0" in page
+
+
+async def test_fingerprints_page(site: tuple[Client, Seeded]) -> None:
+    client, _ = site
+    page = await text(client, "/fingerprints")
+    for fingerprint in ("fp_test", "fp_two", "fp_new"):
+        assert f'href="/?fingerprint={fingerprint}' in page
+    assert page.count("<rect") >= 3
