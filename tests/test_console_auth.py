@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from .conftest import free_port
+from .conftest import reserved_port
 from .console_data import BIG, Seeded, seeded_client
 from .dbs import sqlite_url
 
@@ -134,16 +134,17 @@ async def test_non_loopback_without_a_token_refuses_in_one_line(tmp_path: Path) 
     assert code != 0 and "Traceback" not in err
     [line] = err.strip().splitlines()
     assert "console_token" in line
-    port = str(free_port())
     env = {"FLIGHTREC_CONSOLE_HOST": "0.0.0.0"}
-    code, err = await flightrec("serve", "--db", url, "--port", port, env=env)
+    with reserved_port() as port:
+        code, err = await flightrec("serve", "--db", url, "--port", str(port), env=env)
     assert code != 0 and "console_token" in err.strip()  # before it binds anything
     assert len(err.strip().splitlines()) == 1
     # the same host with FLIGHTREC_CONSOLE_TOKEN set gets past the check (and then fails on
     # the missing database file, still one line, never showing the token)
-    code, err = await flightrec(
-        "console", "--host", "0.0.0.0", "--port", str(free_port()), "--db", url,
-        env={"FLIGHTREC_CONSOLE_TOKEN": TOKEN},
-    )  # fmt: skip
+    with reserved_port() as port:
+        code, err = await flightrec(
+            "console", "--host", "0.0.0.0", "--port", str(port), "--db", url,
+            env={"FLIGHTREC_CONSOLE_TOKEN": TOKEN},
+        )  # fmt: skip
     [line] = err.strip().splitlines()
     assert "no database file" in line and TOKEN not in err

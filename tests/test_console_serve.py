@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .conftest import free_port
+from .conftest import reserved_port
 from .test_serve import _start_serve, _stream, slow_upstream
 
 __all__ = ["slow_upstream"]  # the fixture
@@ -35,10 +35,10 @@ async def test_serve_serves_the_console_once(
 ) -> None:
     token = "console-token-never-logged-42"
     monkeypatch.setenv("FLIGHTREC_CONSOLE_TOKEN", token)
-    port = free_port()
-    process, url, _ = await _start_serve(
-        tmp_path, slow_upstream, "--workers", workers, console_port=port
-    )
+    with reserved_port() as port:  # until the console listens on it
+        process, url, _ = await _start_serve(
+            tmp_path, slow_upstream, "--workers", workers, console_port=port
+        )
     console = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
