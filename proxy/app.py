@@ -21,7 +21,7 @@ from .config import Config
 from .forward import forward
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
 from .later import READ_DELAY, Later
-from .recorder import Recorder
+from .recorder import Explains, Recorder
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[APP_RECORDER].ready():
+    recorder = request.app[APP_RECORDER]
+    reason = recorder.readiness() if isinstance(recorder, Explains) else None
+    if reason is None and not recorder.ready():
+        reason = "the record cannot keep up"
+    if reason is None:
         return web.json_response({"status": "ready"})
-    return web.json_response({"status": "not ready: the record cannot keep up"}, status=503)
+    return web.json_response({"status": "not ready", "reason": reason}, status=503)
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:

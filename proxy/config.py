@@ -72,6 +72,7 @@ class Config:
     batch_size: int = 500
     batch_interval: float = 0.05
     spool_path: str = "flightrec.spool"
+    journal_max_bytes: int = 1024**3
     log_level: str = "info"
     upstreams: tuple[Upstream, ...] = field(
         default_factory=lambda: (Upstream("openai", DEFAULT_UPSTREAM, "/v1"),)
@@ -176,10 +177,13 @@ KEYS: dict[str, Key] = {
     "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
     "store_raw_stream": Key(_bool, "keep the exact bytes of streams for playback"),
     "shutdown_grace": Key(_seconds, "seconds in-flight exchanges get on SIGTERM"),
-    "queue_size": Key(_positive_int, "records held in memory before spilling to the spool"),
+    "queue_size": Key(_positive_int, "journaled records also held in memory for the writer"),
     "batch_size": Key(_positive_int, "records written per database transaction"),
     "batch_interval": Key(_seconds, "seconds the writer waits to fill a batch"),
-    "spool_path": Key(_str, "file records spill to while the database is unavailable"),
+    "spool_path": Key(_str, "the journal: every record lands here before the database"),
+    "journal_max_bytes": Key(
+        _positive_int, "largest the journal may grow (records not yet written)"
+    ),
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
 }
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")

@@ -8,7 +8,7 @@ exchange for a background writer.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .exchange import Exchange
 
@@ -25,6 +25,14 @@ class Recorder(Protocol):
 
     async def close(self) -> None:
         """Write out everything taken so far, then stop."""
+
+
+@runtime_checkable
+class Explains(Protocol):
+    """A recorder that can say why it is not ready (`/readyz` puts it in its answer)."""
+
+    def readiness(self) -> str | None:
+        """None when ready; else one line saying why not."""
 
 
 class MemoryRecorder:

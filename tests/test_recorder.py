@@ -1,5 +1,6 @@
-"""The database recorder under real failures: a PostgreSQL outage through a TCP relay the test
-cuts, a locked SQLite file, a full queue, a corrupt spool, a shutdown with the database down."""
+"""The database recorder under real failures: a PostgreSQL outage and a stall through a TCP relay
+the test cuts or stalls, a locked SQLite file, a full queue, a corrupt journal, a shutdown with
+the database down."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from proxy.dbrecorder import DatabaseRecorder, open_recorder
 from proxy.exchange import Exchange
 from proxy.forward import key_identity
 from proxy.store import StoreError, create_engine, upgrade
-from proxy.store.spool import decode, encode
+from proxy.store.journal import decode, encode
 
 from . import dbs
 from .dbs import chat_exchange, sqlite_url
+from .tcprelay import TcpRelay
 
 db_url = dbs.db_url  # fixture
 pg_url = dbs.pg_url  # fixture
@@ -33,7 +35,7 @@ pg_url = dbs.pg_url  # fixture
 TOKENS = ["Hé", "llo", " 世界"]
 
 
-def test_a_spool_line_round_trips_what_the_database_would_store() -> None:
+def test_a_journal_line_round_trips_what_the_database_would_store() -> None:
     ex = chat_exchange(
         stream=True,
         tags={"team": "a"},
@@ -50,51 +52,6 @@ def test_a_spool_line_round_trips_what_the_database_would_store() -> None:
     assert omitted.usage == ex.usage
 
 
-class Relay:
-    """A TCP relay on a free loopback port in front of PostgreSQL; `cut()` drops it and every
-    connection through it, `restore()` listens again on the same port."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = 0
-        self.server: asyncio.Server | None = None
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for writer in self.writers:
-            writer.transport.abort()
-        self.writers.clear()
-
-    async def restore(self) -> None:
-        await self.start()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self.writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (OSError, ConnectionError):
-            pass
-        finally:
-            writer.transport.abort()
-            self.writers.discard(writer)
-
-
 def config(url: str, tmp_path: Path, **overrides: object) -> Config:
     values: dict[str, object] = {
         "db_url": url,
@@ -106,9 +63,7 @@ def config(url: str, tmp_path: Path, **overrides: object) -> Config:
 
 
 async def started(cfg: Config, **engine_options: int) -> DatabaseRecorder:
-    recorder = DatabaseRecorder(
-        cfg, engine=create_engine(cfg.db_url, **engine_options), **engine_options
-    )
+    recorder = DatabaseRecorder(cfg, **engine_options)
     recorder.retry_min, recorder.retry_max = 0.05, 0.3
     await recorder.start()
     return recorder
@@ -141,7 +96,22 @@ async def assert_stored_once(url: str, exchanges: list[Exchange], tokens: int = 
 
 
 def spool_files(tmp_path: Path) -> list[str]:
-    return sorted(p.name for p in tmp_path.glob("records.spool*") if p.stat().st_size)
+    """Journal files holding records (the progress file `.done` aside)."""
+    return sorted(
+        p.name
+        for p in tmp_path.glob("records.spool*")
+        if p.stat().st_size and not p.name.endswith(".done")
+    )
+
+
+def uncommitted(recorder: DatabaseRecorder) -> bool:
+    """Whether the journal holds records the database does not have yet."""
+    return recorder.journal.done < recorder.journal.end
+
+
+def journal_lines(tmp_path: Path) -> list[bytes]:
+    """The records in the journal's live segment, as lines."""
+    return (tmp_path / "records.spool").read_bytes().splitlines()
 
 
 @pytest.fixture
@@ -183,9 +153,9 @@ async def test_every_record_reaches_the_database(db_url: str, tmp_path: Path) ->
 async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_path: Path) -> None:
     await upgrade(pg_url)
     target = make_url(pg_url)
-    relay = Relay(target.host or "127.0.0.1", target.port or 5432)
-    await relay.start()
-    relayed = target.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
+    relay = TcpRelay()
+    port = relay.start(target.host or "127.0.0.1", target.port or 5432)
+    relayed = target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
     recorder = await started(config(relayed, tmp_path, batch_size=50))
     sent: list[Exchange] = []
 
@@ -198,14 +168,16 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
 
     running = asyncio.create_task(traffic())
     await asyncio.sleep(0.5)
-    await relay.cut()
+    await asyncio.to_thread(relay.cut)
     await wait_until(lambda: not recorder.ready())
+    assert (recorder.readiness() or "").startswith("database unavailable")
     await asyncio.sleep(1.5)
-    assert recorder.spool.pending()
-    await relay.restore()
+    assert uncommitted(recorder)
+    await asyncio.to_thread(relay.resume)
     await wait_until(recorder.ready)
     await running
     await recorder.close()
+    relay.close()
     await assert_stored_once(pg_url, sent, tokens=len(TOKENS))
     assert spool_files(tmp_path) == []
 
@@ -219,7 +191,7 @@ async def test_locked_sqlite_spills_and_recovers(sqlite_db: str, tmp_path: Path)
             await asyncio.sleep(0.001)
         await wait_until(lambda: not recorder.ready())
         await asyncio.sleep(0.3)
-        assert recorder.spool.pending()
+        assert uncommitted(recorder)
     for ex in sent[200:]:
         recorder.record(ex)
     await wait_until(recorder.ready)
@@ -228,15 +200,13 @@ async def test_locked_sqlite_spills_and_recovers(sqlite_db: str, tmp_path: Path)
     assert spool_files(tmp_path) == []
 
 
-async def test_full_queue_spills_to_the_spool_without_waiting(
-    sqlite_db: str, tmp_path: Path
-) -> None:
-    recorder = await started(config(sqlite_db, tmp_path, queue_size=10))
+async def test_past_queue_size_the_writer_reads_the_journal(sqlite_db: str, tmp_path: Path) -> None:
+    recorder = await started(config(sqlite_db, tmp_path, queue_size=10, batch_size=7))
     sent = [chat_exchange() for _ in range(200)]
     for ex in sent:  # no await in between: the writer cannot drain the queue meanwhile
         recorder.record(ex)
-    assert not recorder.ready()
-    assert (tmp_path / "records.spool").read_bytes().count(b"\n") == 190
+    await asyncio.sleep(0.05)
+    assert sorted(journal_lines(tmp_path)) == sorted(encode(ex).rstrip(b"\n") for ex in sent)
     await recorder.close()
     await assert_stored_once(sqlite_db, sent)
     assert spool_files(tmp_path) == []
@@ -254,19 +224,19 @@ async def test_shutdown_with_the_database_down_keeps_everything_for_next_start(
         started_closing = time.monotonic()
         await recorder.close()
         assert time.monotonic() - started_closing < 2.0
-        spooled = (tmp_path / "records.spool").read_bytes().splitlines()
-        assert sorted(spooled) == sorted(encode(ex).rstrip(b"\n") for ex in sent)
+        assert sorted(journal_lines(tmp_path)) == sorted(encode(ex).rstrip(b"\n") for ex in sent)
 
-    again = await started(cfg)  # the next start writes the spool back
+    again = await started(cfg)  # the next start writes what the journal holds
     await again.close()
     await assert_stored_once(sqlite_db, sent)
     assert spool_files(tmp_path) == []
 
 
-async def test_a_record_is_never_written_twice(sqlite_db: str, tmp_path: Path) -> None:
-    cfg = config(sqlite_db, tmp_path)
+async def test_a_record_is_never_written_twice(db_url: str, tmp_path: Path) -> None:
+    await upgrade(db_url)
+    cfg = config(db_url, tmp_path)
     sent = [chat_exchange(logprobs=TOKENS) for _ in range(5)]
-    # Already in the spool *and* recorded again: a replay after an unknown commit outcome.
+    # Already in the journal *and* recorded again: read again after an unknown commit outcome.
     (tmp_path / "records.spool").write_bytes(b"".join(encode(ex) for ex in sent))
     recorder = await started(cfg)
     for ex in sent + sent:
@@ -276,7 +246,9 @@ async def test_a_record_is_never_written_twice(sqlite_db: str, tmp_path: Path) -
     for ex in sent:
         again.record(ex)
     await again.close()
-    await assert_stored_once(sqlite_db, sent, tokens=len(TOKENS))
+    await assert_stored_once(db_url, sent, tokens=len(TOKENS))
+    # Skipped as stored, not refused by the database and set aside.
+    assert not (tmp_path / "records.spool.bad").exists()
 
 
 async def test_corrupt_spool_lines_are_set_aside(
@@ -292,8 +264,8 @@ async def test_corrupt_spool_lines_are_set_aside(
         + cut
     )
     recorder = await started(config(sqlite_db, tmp_path))
-    recorder.spool.append([good[2]])  # lands after the cut line, not glued to it
-    with caplog.at_level(logging.WARNING, logger="flightrec.spool"):
+    recorder.record(good[2])  # lands after the cut line, not glued to it
+    with caplog.at_level(logging.WARNING, logger="flightrec.journal"):
         await recorder.close()
     await assert_stored_once(sqlite_db, good)
     bad = (tmp_path / "records.spool.bad").read_bytes().splitlines()
@@ -329,7 +301,7 @@ async def test_a_record_the_database_refuses_does_not_block_the_rest(
     assert any(poisoned.id in r.getMessage() for r in caplog.records)
 
 
-async def test_api_key_never_reaches_database_or_spool(sqlite_db: str, tmp_path: Path) -> None:
+async def test_api_key_never_reaches_database_or_journal(sqlite_db: str, tmp_path: Path) -> None:
     key = "sk-proj-" + "Zq81" * 12
     key_hash, key_hint = key_identity({"Authorization": f"Bearer {key}"})
     assert key_hash and key_hint
@@ -340,12 +312,12 @@ async def test_api_key_never_reaches_database_or_spool(sqlite_db: str, tmp_path:
             recorder.record(ex)
         await asyncio.sleep(0.2)
         spool = (tmp_path / "records.spool").read_bytes()
-        assert key_hash.encode() in spool  # the spool does hold these records...
+        assert key_hash.encode() in spool  # the journal does hold these records...
         assert key.encode() not in spool  # ...but never the key
         assert key[-12:].encode() not in spool
     await recorder.close()
     await assert_stored_once(sqlite_db, sent)
-    for path in os.listdir(tmp_path):  # database, WAL, spool and .bad alike
+    for path in os.listdir(tmp_path):  # database, WAL, journal and .bad alike
         assert key.encode() not in (tmp_path / path).read_bytes(), path
     assert await query(sqlite_db, "SELECT DISTINCT key_hash, key_hint FROM exchanges") == [
         (key_hash, key_hint)
