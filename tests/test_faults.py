@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -293,3 +294,93 @@ async def test_unwritable_journal_keeps_healthz_fast_and_the_log_quiet(
     assert worst is not None and worst < 0.1, f"/healthz slow or silent: {result}\n{log[-3000:]}"
     assert result["log_lines_max_per_second"] < 10, f"the log floods: {result}\n{log[-3000:]}"
     assert result["answered"] == result["sent"], f"traffic failed: {result}\n{log[-3000:]}"
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, size: str) -> Iterator[None]:
+    """A tmpfs of `size` mounted on `directory`; skips the test when mounting is refused."""
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for the journal: {mounted.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True, timeout=30)
+
+
+def fill(directory: Path) -> Path:
+    """A file that takes every free byte of `directory`'s filesystem."""
+    filler = directory / "filler"
+    with filler.open("wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    return filler
+
+
+async def _readyz_while(serve: Serve, load: asyncio.Task[Any]) -> list[tuple[int, str]]:
+    """`/readyz` every 100 ms until `load` is done."""
+    answers = []
+    while not load.done():
+        with contextlib.suppress(Exception):
+            answers.append(await serve.readyz())
+        await asyncio.sleep(0.1)
+    return answers
+
+
+@pytest.mark.parametrize("limit", ["tmpfs", "journal_max_bytes"])
+async def test_full_journal_keeps_serving_and_says_what_it_could_not_keep(
+    tmp_path: Path, upstream_url: str, figures: Figures, limit: str
+) -> None:
+    """A disk filled by someone else under the journal (a 1 MiB tmpfs), or a journal at its
+    `journal_max_bytes` while a transaction elsewhere holds SQLite's write lock: every request
+    is still answered, `/readyz` says why it is 503, the log counts what was not journaled, and
+    once there is room again the proxy has recorded everything and is ready, without waiting
+    for traffic to find out."""
+    db = tmp_path / "flightrec.db"
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    settings: dict[str, Any] = {"journal_max_bytes": 65536} if limit != "tmpfs" else {}
+    disk = small_disk(journal, "1m") if limit == "tmpfs" else contextlib.nullcontext()
+    with disk, serving(_new_serve(tmp_path, upstream_url, sqlite_url(db), **settings)) as p:
+        await p.start()
+        filler = fill(journal) if limit == "tmpfs" else None
+        lock = asyncio.create_task(_hold_write_lock(db, 5)) if filler is None else None
+        load = asyncio.create_task(drive(p.url, rate=100, seconds=3, pad=2000))
+        readyz = await _readyz_while(p, load)
+        calls = await load
+        if lock is not None:
+            await lock
+        if filler is not None:
+            filler.unlink()
+        roomy_at = time.monotonic()
+        answered = {c.id for c in calls if c.answered and c.id}
+        stored = await wait_stored(sqlite_url(db), answered, 15)
+        # No traffic now: a load balancer sends none to a proxy that is not ready.
+        ready = await _readyz_until(p, lambda status: status == 200, 10)
+        recovered = time.monotonic() - roomy_at
+        after = await drive(p.url, rate=20, seconds=1)
+        calls += after
+        stored = await wait_stored(sqlite_url(db), {c.id for c in after if c.id}, 10)
+        log = p.log_text()
+    unready = [orjson.loads(body).get("reason", "") for status, body in readyz if status == 503]
+    said = [line for line in log.splitlines() if str(journal) in line and " records" in line]
+    result = tally(calls, stored) | {
+        "readyz_polls": len(readyz),
+        "readyz_503": len(unready),
+        "readyz_reason": unready[0] if unready else None,
+        "log_lines_naming_it": len(said),
+        "log_example": said[0] if said else None,
+        "seconds_to_ready_after_room": round(recovered, 2) if ready else None,
+    }
+    figures(f"journal full ({limit})", result)
+    assert result["answered"] == result["sent"], f"traffic failed: {result}\n{log[-3000:]}"
+    assert any("journal" in reason for reason in unready), f"/readyz did not say: {result}"
+    assert said, f"the log did not say what the journal could not keep: {result}\n{log[-3000:]}"
+    assert ready is not None, f"not ready again once there was room: {result}"
+    assert result["lost"] == 0, f"answered, not recorded: {result}"
