@@ -391,7 +391,7 @@ class DatabaseRecorder:
 
     def _failed(self, reason: str) -> None:
         if self._healthy:
-            log.warning("database unavailable (%s): records wait in %s", reason, self.journal.path)
+            log.warning("database unavailable (%s): records wait until it answers", reason)
         self._healthy = False
         self._reason = reason
         self._last_try = False
@@ -400,7 +400,7 @@ class DatabaseRecorder:
 
     def _recovered(self) -> None:
         if not self._healthy:
-            log.info("database available again: writing what waits in %s", self.journal.path)
+            log.info("database available again: writing the records that waited")
         self._healthy = True
         self._backoff = self.retry_min
 
