@@ -217,7 +217,17 @@ class Serve:
             )
 
     async def start(self, seconds: float = 30.0) -> None:
-        """Start it and wait until `/healthz` answers (not `/readyz`: a fault may hold it 503)."""
+        """Start it and wait until `/healthz` answers (not `/readyz`: a fault may hold it 503).
+        A port taken meanwhile by another process is replaced by a free one, up to 3 times."""
+        for _ in range(3):
+            if await self._started(seconds):
+                return
+            if "address already in use" not in self.log_text().rsplit("--- start", 1)[-1]:
+                break
+            self.port = free_port()
+        raise AssertionError(f"serve did not start within {seconds}s:\n{self.log_text()}")
+
+    async def _started(self, seconds: float) -> bool:
         self.spawn()
         assert self.process is not None
         deadline = time.monotonic() + seconds
@@ -226,9 +236,10 @@ class Serve:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with session.get(self.url + "/healthz") as response:
                         if response.status == 200:
-                            return
+                            return True
                 await asyncio.sleep(0.1)
-        raise AssertionError(f"serve did not start within {seconds}s:\n{self.log_text()}")
+        self.stop()
+        return False
 
     def kill(self) -> float:
         """SIGKILL; returns `time.monotonic()` just before the signal was sent."""

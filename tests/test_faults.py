@@ -375,7 +375,7 @@ async def test_full_journal_keeps_serving_and_says_what_it_could_not_keep(
         "readyz_503": len(unready),
         "readyz_reason": unready[0] if unready else None,
         "log_lines_naming_it": len(said),
-        "log_example": said[0] if said else None,
+        "log_example": said[-1] if said else None,
         "seconds_to_ready_after_room": round(recovered, 2) if ready else None,
     }
     figures(f"journal full ({limit})", result)
