@@ -420,17 +420,22 @@ async def wait_stored(db_url: str, want: set[str], seconds: float) -> set[str]:
         await asyncio.sleep(0.25)
 
 
-def tally(calls: list[Call], stored: set[str], *, ended_by: float | None = None) -> dict[str, Any]:
-    """Figures for a fault: of the requests answered in full (by `ended_by`, if given), how
-    many are in the database."""
+def due(calls: list[Call], ended_by: float | None = None) -> list[Call]:
+    """The requests answered in full (by `ended_by`, if given): each must be recorded."""
     answered = [c for c in calls if c.answered]
-    due = [c for c in answered if ended_by is None or (c.ended or 0) <= ended_by]
-    lost = [c.id for c in due if c.id not in stored]
-    late = [c for c in answered if c not in due]
+    return [c for c in answered if ended_by is None or (c.ended or 0) <= ended_by]
+
+
+def tally(calls: list[Call], stored: set[str], *, ended_by: float | None = None) -> dict[str, Any]:
+    """Figures for a fault: of the requests that are `due`, how many are in the database."""
+    answered = [c for c in calls if c.answered]
+    owed = due(calls, ended_by)
+    lost = [c.id for c in owed if c.id not in stored]
+    late = [c for c in answered if c not in owed]
     return {
         "sent": len(calls),
         "answered": len(answered),
-        "due": len(due),
+        "due": len(owed),
         "lost": len(lost),
         "lost_ids": lost[:5],
         "later_answered": len(late),

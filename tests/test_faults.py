@@ -26,10 +26,12 @@ from sqlalchemy.engine import make_url
 from . import dbs
 from .dbs import sqlite_url
 from .faultkit import (
+    Call,
     HealthProbe,
     Serve,
     cannot_write,
     drive,
+    due,
     tally,
     unprivileged,
     upstream_process,
@@ -106,6 +108,28 @@ def _new_serve(workdir: Path, upstream: str, db_url: str, **settings: Any) -> Se
     return Serve(workdir, upstream, config)
 
 
+async def _restarted(
+    serve: Serve, calls: list[Call], db_url: str, *, ended_by: float | None = None
+) -> dict[str, Any]:
+    """Start `serve` again on the same journal and count, once the exchanges that are `due`
+    are in the database (or `WRITE_BACK` is over), what the fault lost."""
+    await serve.start()
+    stored = await wait_stored(db_url, {c.id for c in due(calls, ended_by) if c.id}, WRITE_BACK)
+    return tally(calls, stored, ended_by=ended_by)
+
+
+async def _stalled_under_load(
+    serve: Serve, relay: TcpRelay, seconds: float
+) -> asyncio.Task[list[Call]]:
+    """Start `serve` and 3 s of load; 0.8 s in, stall PostgreSQL; return `seconds` later."""
+    await serve.start()
+    load = asyncio.create_task(drive(serve.url, rate=RATE, seconds=3.0))
+    await asyncio.sleep(0.8)
+    await asyncio.to_thread(relay.stall)
+    await asyncio.sleep(seconds)
+    return load
+
+
 # --- Crashes ---
 
 
@@ -122,11 +146,7 @@ async def test_kill_9_at_200_rps_loses_no_answered_exchange(
         await asyncio.sleep(1.5)
         killed_at = p.kill()
         calls = await load
-        await p.start()
-        ended_by = killed_at - WINDOW
-        due = {c.id for c in calls if c.answered and c.ended and c.ended <= ended_by}
-        stored = await wait_stored(db_url, {i for i in due if i}, WRITE_BACK)
-    result = tally(calls, stored, ended_by=ended_by)
+        result = await _restarted(p, calls, db_url, ended_by=killed_at - WINDOW)
     figures("kill -9 at 200 req/s", result)
     assert result["due"] >= RATE / 2, f"the load did not run: {result}"
     assert result["lost"] == 0, f"answered >= 10 ms before the kill, not recorded: {result}"
@@ -137,19 +157,11 @@ async def test_kill_9_while_postgresql_stalls_loses_nothing(
 ) -> None:
     async with relayed(pg_url) as (relay, through):
         with serving(_new_serve(tmp_path, upstream_url, through)) as p:
-            await p.start()
-            load = asyncio.create_task(drive(p.url, rate=RATE, seconds=3.0))
-            await asyncio.sleep(0.8)
-            await asyncio.to_thread(relay.stall)
-            await asyncio.sleep(1.7)
+            load = await _stalled_under_load(p, relay, 1.7)
             killed_at = p.kill()
             calls = await load
             await asyncio.to_thread(relay.resume)
-            await p.start()
-            ended_by = killed_at - WINDOW
-            due = {c.id for c in calls if c.answered and c.ended and c.ended <= ended_by}
-            stored = await wait_stored(pg_url, {i for i in due if i}, WRITE_BACK)
-    result = tally(calls, stored, ended_by=ended_by)
+            result = await _restarted(p, calls, pg_url, ended_by=killed_at - WINDOW)
     figures("PostgreSQL stalled, then kill -9", result)
     assert result["due"] >= RATE, f"the load did not run: {result}"
     assert result["lost"] == 0, f"answered before the kill, not recorded: {result}"
@@ -164,21 +176,15 @@ async def test_sigterm_whose_grace_runs_out_during_a_stall_loses_nothing(
     grace = 2.0
     async with relayed(pg_url) as (relay, through):
         with serving(_new_serve(tmp_path, upstream_url, through, shutdown_grace=grace)) as p:
-            await p.start()
-            load = asyncio.create_task(drive(p.url, rate=RATE, seconds=3.0))
-            await asyncio.sleep(0.8)
-            await asyncio.to_thread(relay.stall)
-            await asyncio.sleep(1.2)
+            load = await _stalled_under_load(p, relay, 1.2)
             p.terminate()
             stopped_at = time.monotonic()
             code = await p.exited(2 * grace + 15)
             exit_seconds = round(time.monotonic() - stopped_at, 2)
             calls = await load
             await asyncio.to_thread(relay.resume)
-            await p.start()
-            answered = {c.id for c in calls if c.answered and c.id}
-            stored = await wait_stored(pg_url, answered, WRITE_BACK)
-    result = tally(calls, stored) | {"exit_code": code, "exit_seconds": exit_seconds}
+            result = await _restarted(p, calls, pg_url)
+    result |= {"exit_code": code, "exit_seconds": exit_seconds}
     figures(f"SIGTERM, shutdown_grace = {grace}, PostgreSQL stalled", result)
     assert result["answered"] >= RATE, f"the load did not run: {result}"
     assert code == 0, f"serve did not exit by itself after SIGTERM: {result}"
