@@ -49,7 +49,12 @@ TARGETS = (
     "flightrec-postgres",
     "nginx",
     "litellm",
+    "base-sqlite",
+    "base-postgres",
 )
+BASE: Path | None = None
+"""`--base DIR`: another checkout (e.g. main) that the `base-*` targets run, for an A/B of a
+change in one run; the `base-*` targets are added beside each `flightrec-*` target chosen."""
 MEASURES = ("latency", "ttfb", "cpu", "cpu-large", "maxrate", "streams", "reassembly", "record")
 LARGE_PROMPT = 50_000
 """Bytes of prompt added to each request of `cpu-large`: a long conversation, or a document
@@ -138,7 +143,8 @@ def _flightrec(name: str, about: str, upstream: str, home: Path, db_url: str) ->
     port = procs.free_port()
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
     argv += ["--upstream", upstream, "--db", db_url]
-    env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(HERE.parent)}
+    code = BASE if name.startswith("base-") and BASE is not None else HERE.parent
+    env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(code)}
     return Target(name, about, argv, port, env, str(home), ready_path="/healthz")
 
 
@@ -166,16 +172,16 @@ def _psql(pg: str, database: str, sql: str) -> str:
     return done.stdout.strip()
 
 
-def _postgres(upstream: str, home: Path, pg: str) -> Target:
-    name = f"flightrec_bench_{os.getpid()}"
+def _postgres(upstream: str, home: Path, pg: str, target_name: str) -> Target:
+    name = f"flightrec_bench_{os.getpid()}_{target_name.split('-')[0]}"
     about = "flightrec serve, recording to PostgreSQL (scratch database)"
     try:
         _psql(pg, "postgres", f'DROP DATABASE IF EXISTS "{name}"')
         _psql(pg, "postgres", f'CREATE DATABASE "{name}"')
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        return Target("flightrec-postgres", about, skipped=f"no PostgreSQL at {pg}: {exc}")
+        return Target(target_name, about, skipped=f"no PostgreSQL at {pg}: {exc}")
     url = f"postgresql+asyncpg://postgres@{pg}/{name}"
-    target = _flightrec("flightrec-postgres", about, upstream, home, url)
+    target = _flightrec(target_name, about, upstream, home, url)
 
     def count() -> dict[str, int]:
         total, ok, streams = _psql(pg, name, COUNT_SQL).split("|")
@@ -212,13 +218,15 @@ def build_targets(
             about = "flightrec via proxy.app.run, recorder keeps counts only (no database)"
             target = Target(name, about, argv, port, cwd=str(HERE.parent), ready_path="/healthz")
             target.record_counter = lambda path=counts: procs.read_counts(path)
-        elif name == "flightrec-sqlite":
+        elif name in ("flightrec-sqlite", "base-sqlite"):
             db = home / "bench.db"
             about = "flightrec serve, recording to SQLite (WAL)"
+            if name.startswith("base-"):
+                about += f", the code in {BASE}"
             target = _flightrec(name, about, upstream, home, f"sqlite+aiosqlite:///{db}")
             target.record_counter = _sqlite_counter(db)
-        elif name == "flightrec-postgres":
-            target = _postgres(upstream, home, pg)
+        elif name in ("flightrec-postgres", "base-postgres"):
+            target = _postgres(upstream, home, pg, name)
         elif name == "nginx":
             target = peers.nginx(upstream_port, work, install=install)
         else:
@@ -487,6 +495,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg", default="127.0.0.1:5432", help="PostgreSQL host:port ('' off)")
     parser.add_argument("--no-install", action="store_true", help="do not install peers")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.md/json go")
+    parser.add_argument(
+        "--base", type=Path, help="another checkout to A/B against (adds base-* targets)"
+    )
     return parser.parse_args(argv)
 
 
@@ -508,14 +519,21 @@ def main(argv: list[str] | None = None) -> int:
         "c1": args.c1,
     }
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
-    names = choose(args.targets, TARGETS, "targets")
+    global BASE
+    BASE = args.base
+    chosen = args.targets
+    if BASE is not None:
+        chosen += "," + chosen.replace("flightrec-sqlite", "base-sqlite").replace(
+            "flightrec-postgres", "base-postgres"
+        )
+    names = choose(chosen, TARGETS, "targets")
     measures = choose(args.measures, MEASURES, "measures")
     if "relay" not in names:
         names.insert(0, "relay")  # every ratio is to the relay
     if "direct" not in names:
         names.insert(0, "direct")  # every "added" figure is over direct
-    if not args.pg and "flightrec-postgres" in names:
-        names.remove("flightrec-postgres")
+    if not args.pg:
+        names = [n for n in names if not n.endswith("-postgres")]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="flightrec-bench-") as tmp:

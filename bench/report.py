@@ -25,7 +25,7 @@ RATIO_METRICS = (
     "rss_per_stream_kib",
     "cpu_per_chunk_us",
 )
-RECORDING = ("flightrec-sqlite", "flightrec-postgres")
+RECORDING = ("flightrec-sqlite", "flightrec-postgres", "base-sqlite", "base-postgres")
 LITELLM_VENV = Path(__file__).resolve().parent / ".litellm-venv"
 
 

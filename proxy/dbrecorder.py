@@ -26,11 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from collections import deque
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,9 +37,11 @@ from .config import Config
 from .exchange import Exchange
 from .pricing import PriceTable
 from .store.engine import SQLITE_BUSY_TIMEOUT_MS, check_connection, create_engine, describe
-from .store.journal import Journal, Position, encode
+from .store.journal import Journal, Position
+from .store.lines import encode
 from .store.losses import Losses
 from .store.migrate import check_head, upgrade
+from .store.refused import refuses_record
 from .store.sqlite_writer import SqliteWriter
 from .store.write import Rows, rows_for, write_rows
 from .turns import Turns
@@ -65,31 +65,6 @@ _FLOOR = 0.01
 
 class _Outage(Exception):
     """The database cannot take writes right now; carries the one-line reason."""
-
-
-def refuses_record(exc: BaseException) -> bool:
-    """True when the failure is about the data written, not about the database being there."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        # ValueError: a value the driver cannot encode (a lone surrogate); TypeError: odd types;
-        # sqlite3 raises ProgrammingError for a value it cannot bind, OverflowError for an int
-        # beyond 64 bits.
-        if isinstance(
-            seen,
-            sa.exc.IntegrityError
-            | sa.exc.DataError
-            | sqlite3.IntegrityError
-            | sqlite3.DataError
-            | sqlite3.ProgrammingError
-            | sqlite3.InterfaceError
-            | OverflowError
-            | ValueError
-            | TypeError,
-        ):
-            return True
-        seen = seen.__cause__ or (seen.orig if isinstance(seen, sa.exc.DBAPIError) else None)
-    # A StatementError that is not a DBAPIError failed while binding parameters: our values.
-    return isinstance(exc, sa.exc.StatementError) and not isinstance(exc, sa.exc.DBAPIError)
 
 
 Batch = tuple[list[Exchange], Position | None]
@@ -213,23 +188,25 @@ class DatabaseRecorder:
         loose = list(self._loose)
         if self._held is not None and self._held[1] is None:
             loose += self._held[0]
-        self._keep_after_close(loose)
         self.journal.close()
+        self._keep_after_close(loose)
         if self._sqlite is not None:
             await self._sqlite.close()
         if self._engine is not None:
             await self._engine.dispose()
 
     def _keep_after_close(self, exchanges: list[Exchange]) -> None:
-        """The journal is the only place left: whatever it refuses now is lost."""
-        if exchanges and self.journal.append([encode(ex) for ex in exchanges]) is None:
+        """The journal is the only place left (the next start reads it): whatever it refuses
+        now is lost."""
+        if exchanges and not self.journal.append_closed([encode(ex) for ex in exchanges]):
             self.losses.lost(exchanges)
             self.losses.report(force=True)
-        self.journal.close()
 
     def _flush(self) -> None:
         """Journal the buffered records in one write; keep them in memory for the writer."""
-        self._timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, []

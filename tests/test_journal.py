@@ -17,7 +17,8 @@ from sqlalchemy.engine import make_url
 
 from proxy.dbrecorder import PG_WRITE_COMMAND_TIMEOUT, STALLED_AFTER
 from proxy.store import upgrade
-from proxy.store.journal import Journal, encode
+from proxy.store.journal import Journal
+from proxy.store.lines import encode
 
 from . import dbs, test_recorder
 from .dbs import chat_exchange

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from proxy.rawcopy import PLAIN_LIMIT, RawCopy
-from proxy.store.journal import decode
+from proxy.store.lines import decode
 
 
 def _chunks(count: int, rng: random.Random) -> list[bytes]:

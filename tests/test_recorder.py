@@ -23,7 +23,7 @@ from proxy.dbrecorder import DatabaseRecorder, open_recorder
 from proxy.exchange import Exchange
 from proxy.forward import key_identity
 from proxy.store import StoreError, create_engine, upgrade
-from proxy.store.journal import decode, encode
+from proxy.store.lines import decode, encode
 
 from . import dbs
 from .dbs import chat_exchange, sqlite_url

@@ -1,7 +1,7 @@
 """The journal: every finished exchange on local disk, before and independent of the database.
 
-One JSON line per exchange, `{"v": 1, "exchange": {...}}`, holding exactly what the database
-would store (omitted bodies are already gone; raw bodies base64), appended to `spool_path`
+One JSON line per exchange (`store.lines`), holding exactly what the database would store,
+appended to `spool_path`
 with one `os.write` per batch on an O_APPEND descriptor (mode 0600). Nothing is fsynced per
 batch: a line is safe from a crash of the process as soon as `append` returns, not from a power
 loss (the file is fsynced when rotated and on close).
@@ -22,25 +22,19 @@ refuses, go to `<spool_path>.bad`. A lock file keeps two processes off one journ
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import orjson
+from typing import BinaryIO
 
 from ..exchange import Exchange
-from ..rawcopy import compress_whole
 from .engine import StoreError
-from .write import stored_bodies
+from .lines import decode, encode
 
 log = logging.getLogger("flightrec.journal")
 
@@ -53,52 +47,7 @@ _EMPTY_AT = 1024 * 1024
 """Bytes of a wholly committed live segment worth emptying at once."""
 _RETRY_SEAL = 10.0
 """Seconds before sealing a segment is tried again after the directory refused it."""
-_VERSION = 1
-_FIELDS = tuple(f.name for f in fields(Exchange))
-_BYTES_FIELDS = ("request_body", "response_body", "raw_stream_gz")
 _DONE_FORMAT = b"%020d %020d\n"
-
-
-def encode(ex: Exchange) -> bytes:
-    record: dict[str, Any] = {name: getattr(ex, name) for name in _FIELDS}
-    bodies = stored_bodies(ex)
-    record["request_json"] = bodies.request
-    record["response_json"] = bodies.response
-    for name in _BYTES_FIELDS:
-        raw = getattr(bodies, name)
-        record[name] = None if raw is None else base64.b64encode(raw).decode("ascii")
-    line = {"v": _VERSION, "exchange": record}
-    try:
-        return orjson.dumps(line, option=orjson.OPT_NON_STR_KEYS) + b"\n"
-    except TypeError:
-        return json.dumps(line, default=str).encode() + b"\n"
-
-
-def decode(line: bytes) -> Exchange:
-    """The exchange on one journal line; ValueError if the line is not a record."""
-    try:
-        outer = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        outer = json.loads(line)  # ints beyond 64 bits; raises ValueError if not JSON at all
-    record = outer.get("exchange") if isinstance(outer, dict) else None
-    if not isinstance(outer, dict) or outer.get("v") != _VERSION or not isinstance(record, dict):
-        raise ValueError("not a version 1 journal record")
-    kwargs = {name: record[name] for name in _FIELDS if name in record}
-    for name in _BYTES_FIELDS:
-        if kwargs.get(name) is not None:
-            kwargs[name] = base64.b64decode(kwargs[name], validate=True)
-    if record.get("raw_stream") is not None:  # a line written before streams were compressed
-        raw = base64.b64decode(record["raw_stream"], validate=True)
-        kwargs["raw_stream_gz"] = compress_whole(raw)
-    if isinstance(kwargs.get("raw_pacing"), list):
-        kwargs["raw_pacing"] = [tuple(pair) for pair in kwargs["raw_pacing"]]
-    try:
-        ex = Exchange(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"incomplete record: {exc}") from None
-    if not isinstance(ex.id, str) or not isinstance(ex.started_at, int | float):
-        raise ValueError("record without a valid id or started_at")
-    return ex
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -254,6 +203,22 @@ class Journal:
         if self.size >= self.segment_bytes and time.monotonic() >= self._next_seal:
             self._seal()
         return ends
+
+    def append_closed(self, lines: list[bytes]) -> bool:
+        """Append records after `close` (for the next start to read); False if refused."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError as exc:
+            self.problem = f"journal {self.path} not writable: {exc.strerror}"
+            return False
+        try:
+            _write_all(fd, b"".join(lines))
+        except OSError as exc:
+            self.problem = f"journal {self.path} not writable: {exc.strerror}"
+            return False
+        finally:
+            os.close(fd)
+        return True
 
     def _undo_cut(self) -> None:
         """After a failed append, drop whatever part of it reached the file."""

@@ -1,0 +1,61 @@
+"""An exchange as one line of the journal: `{"v": 1, "exchange": {...}}`, holding exactly what
+the database would store (omitted bodies are already gone; raw bodies base64)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import fields
+from typing import Any
+
+import orjson
+
+from ..exchange import Exchange
+from ..rawcopy import compress_whole
+from .write import stored_bodies
+
+_VERSION = 1
+_FIELDS = tuple(f.name for f in fields(Exchange))
+_BYTES_FIELDS = ("request_body", "response_body", "raw_stream_gz")
+
+
+def encode(ex: Exchange) -> bytes:
+    record: dict[str, Any] = {name: getattr(ex, name) for name in _FIELDS}
+    bodies = stored_bodies(ex)
+    record["request_json"] = bodies.request
+    record["response_json"] = bodies.response
+    for name in _BYTES_FIELDS:
+        raw = getattr(bodies, name)
+        record[name] = None if raw is None else base64.b64encode(raw).decode("ascii")
+    line = {"v": _VERSION, "exchange": record}
+    try:
+        return orjson.dumps(line, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+    except TypeError:
+        return json.dumps(line, default=str).encode() + b"\n"
+
+
+def decode(line: bytes) -> Exchange:
+    """The exchange on one journal line; ValueError if the line is not a record."""
+    try:
+        outer = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        outer = json.loads(line)  # ints beyond 64 bits; raises ValueError if not JSON at all
+    record = outer.get("exchange") if isinstance(outer, dict) else None
+    if not isinstance(outer, dict) or outer.get("v") != _VERSION or not isinstance(record, dict):
+        raise ValueError("not a version 1 journal record")
+    kwargs = {name: record[name] for name in _FIELDS if name in record}
+    for name in _BYTES_FIELDS:
+        if kwargs.get(name) is not None:
+            kwargs[name] = base64.b64decode(kwargs[name], validate=True)
+    if record.get("raw_stream") is not None:  # a line written before streams were compressed
+        raw = base64.b64decode(record["raw_stream"], validate=True)
+        kwargs["raw_stream_gz"] = compress_whole(raw)
+    if isinstance(kwargs.get("raw_pacing"), list):
+        kwargs["raw_pacing"] = [tuple(pair) for pair in kwargs["raw_pacing"]]
+    try:
+        ex = Exchange(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"incomplete record: {exc}") from None
+    if not isinstance(ex.id, str) or not isinstance(ex.started_at, int | float):
+        raise ValueError("record without a valid id or started_at")
+    return ex
