@@ -214,6 +214,7 @@ class Serve:
                 cwd=self.workdir,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: workers included in kill()
             )
 
     async def start(self, seconds: float = 30.0) -> None:
@@ -242,10 +243,11 @@ class Serve:
         return False
 
     def kill(self) -> float:
-        """SIGKILL; returns `time.monotonic()` just before the signal was sent."""
+        """SIGKILL to serve and its workers (its process group); returns `time.monotonic()`
+        just before the signal was sent."""
         assert self.process is not None
         at = time.monotonic()
-        self.process.send_signal(signal.SIGKILL)
+        os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
         return at
 
@@ -261,8 +263,11 @@ class Serve:
         return self.process.poll()
 
     def stop(self) -> None:
+        """SIGTERM, SIGKILL if it lingers, and SIGKILL to any worker left behind."""
         if self.process is not None:
             stop_process(self.process)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     async def readyz(self) -> tuple[int, str]:
         timeout = aiohttp.ClientTimeout(total=2)
