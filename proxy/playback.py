@@ -184,7 +184,7 @@ async def playing(config: Config, options: PlaybackOptions) -> AsyncIterator[Run
     if options.miss == "forward":
         from .dbrecorder import open_recorder
 
-        # Its own spool, so a `serve` running from the same directory is no obstacle.
+        # Its own journal, so a `serve` running from the same directory is no obstacle.
         config = replace(config, spool_path=config.spool_path + ".playback")
         recorder = await open_recorder(config)
     try:

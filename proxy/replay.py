@@ -174,7 +174,7 @@ async def replay(
             except StoreError:
                 raise ReplayError(
                     f"replay {job.replay_id} of {job.original['id']} is not in the database yet "
-                    f"(spooled to {config.spool_path}.replay while it was unavailable)"
+                    f"(journaled in {config.spool_path}.replay while it was unavailable)"
                 ) from None
             comparisons.append(compare(job.original, replayed))
     return comparisons
@@ -182,7 +182,7 @@ async def replay(
 
 async def _send(config: Config, jobs: list[_Job], concurrency: int) -> None:
     """Through an in-process flightrec on an ephemeral port; returns once everything is
-    recorded. Its own spool, so a `serve` running from the same directory is no obstacle."""
+    recorded. Its own journal, so a `serve` running from the same directory is no obstacle."""
     local = replace(config, host="127.0.0.1", port=0, spool_path=config.spool_path + ".replay")
     recorder = await open_recorder(local)
     runner = make_runner(build_app(local, recorder), local)

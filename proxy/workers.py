@@ -2,8 +2,8 @@
 
 Each worker is a whole flightrec — its own event loop, upstream pool and background writer —
 so nothing one worker knows is needed by another: exchanges are independent and the database
-is the only shared state. Each worker spools to its own file (`<spool_path>.<n>`), so no two
-processes ever append to or drain the same spool. The supervisor migrates the database once
+is the only shared state. Each worker journals to its own file (`<spool_path>.<n>`), so no two
+processes ever append to or read the same journal. The supervisor migrates the database once
 before the workers start, forwards SIGTERM/SIGINT to them and exits when they all have.
 """
 

@@ -214,3 +214,32 @@ async def test_the_journal_carries_on_where_the_writer_stopped(tmp_path: Path) -
     assert len((tmp_path / "j.bad").read_bytes().splitlines()) == 1
     again.close()
     assert os.stat(tmp_path / "j").st_mode & 0o777 == 0o600
+
+
+def test_a_restart_reads_on_from_the_sealed_segment_it_stopped_in(tmp_path: Path) -> None:
+    line = encode(chat_exchange())
+    journal = Journal(tmp_path / "j", max_bytes=4 * 3 * len(line))  # segments of 3-4 records
+    journal.open()
+    ends = []
+    for _ in range(8):
+        appended = journal.append([encode(chat_exchange())])
+        assert appended is not None
+        ends += appended
+    assert sorted(p.name for p in tmp_path.glob("j.seg*")) == ["j.seg1", "j.seg2"]
+    first = next(i for i, end in enumerate(ends) if end[0] == 2)
+    journal.commit(ends[first])  # into the second segment: the first is deleted
+    assert not (tmp_path / "j.seg1").exists()
+    journal.close()  # as a crash would leave it: nothing more committed
+
+    again = Journal(tmp_path / "j", max_bytes=4 * 3 * len(line))
+    again.open()
+    assert (again.done, again.live) == (ends[first], 3)
+    read = []
+    at = again.done
+    while at < again.end:
+        with again.open_segment(at[0]) as f:
+            found, stop = again.read(f, at, again.limit(at) or 0, 100)
+        read += [end for _, end in found]
+        at = again.next_segment((at[0], stop)) or (at[0], stop)
+    assert read == ends[first + 1 :]
+    again.close()

@@ -1,5 +1,6 @@
-"""`flightrec serve` when its journal directory refuses writes and SQLite is locked meanwhile: it
-keeps answering, logs little, says why it is not ready, and every record reaches the database."""
+"""The journal's disk refusing writes (a read-only directory, a full disk) while the database is
+locked: the proxy keeps answering, logs little, says why it is not ready, and every record
+reaches the database."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from proxy.dbrecorder import DatabaseRecorder
 from proxy.store import upgrade
 
 from .conftest import FakeUpstream, free_port
-from .dbs import sqlite_url
-from .test_recorder import SqliteLock, wait_until
+from .dbs import chat_exchange, sqlite_url
+from .test_recorder import SqliteLock, query, wait_until
 
 LOCK_SECONDS = 6.0
 """Longer than the SQLite writer's busy timeout (5 s): the database counts as unavailable."""
@@ -196,3 +197,46 @@ async def test_readyz_says_why_it_is_not_ready_while_healthz_stays_up(
                 await asyncio.sleep(0.02)
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[None]:
+    """A tmpfs of `size` at `path`: writes past it fail with ENOSPC."""
+    path.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: no small disk to fill")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+async def test_a_full_disk_keeps_records_in_memory_and_the_database_gets_them(
+    tmp_path: Path,
+) -> None:
+    db = sqlite_url(tmp_path / "flightrec.db")
+    await upgrade(db)
+    with small_disk(tmp_path / "disk", "64k"):
+        config = replace(
+            Config(),
+            db_url=db,
+            spool_path=str(tmp_path / "disk" / "records.spool"),
+            batch_interval=0.01,
+        )
+        sent = [chat_exchange() for _ in range(100)]  # ~170 KB: more than the disk holds
+        with SqliteLock(db):
+            recorder = DatabaseRecorder(config, busy_timeout_ms=20)
+            recorder.retry_min = recorder.retry_max = 0.05
+            await recorder.start()
+            for ex in sent:
+                recorder.record(ex)
+                await asyncio.sleep(0.001)
+            await wait_until(lambda: "No space left" in (recorder.readiness() or ""))
+            # Only whole records are in the journal: a write cut short by the full disk is undone.
+            whole = (tmp_path / "disk" / "records.spool").read_bytes()
+            assert whole.endswith(b"\n")
+        await recorder.close()
+    assert recorder.losses.in_memory_total > 0 and recorder.losses.lost_total == 0
+    stored = await query(db, "SELECT id FROM exchanges")
+    assert sorted(row[0] for row in stored) == sorted(ex.id for ex in sent)

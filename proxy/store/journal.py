@@ -1,10 +1,11 @@
 """The journal: every finished exchange on local disk, before and independent of the database.
 
 One JSON line per exchange (`store.lines`), holding exactly what the database would store,
-appended to `spool_path`
-with one `os.write` per batch on an O_APPEND descriptor (mode 0600). Nothing is fsynced per
-batch: a line is safe from a crash of the process as soon as `append` returns, not from a power
-loss (the file is fsynced when rotated and on close).
+appended to `spool_path` with one `os.write` per batch on an O_APPEND descriptor (mode 0600).
+Nothing is fsynced while the proxy runs (an fsync on the event loop's thread would hold up the
+relay, and data deleted once committed then need never reach the disk): a line is safe from a
+crash of the process as soon as `append` returns, not from a power loss. The files are fsynced
+on close.
 
 Where a line is, is a position `(segment, offset)`. The live segment is the file at
 `spool_path`; past `segment_bytes` it is renamed `<spool_path>.seg<n>` and a new one starts.
@@ -79,6 +80,7 @@ class Journal:
         self._cut = False  # a failed append may have left a cut line at the end
         self._next_open = 0.0
         self._next_seal = 0.0
+        self._full: str | None = None  # `problem` when it is that the journal was full
 
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
@@ -184,7 +186,9 @@ class Journal:
             with contextlib.suppress(OSError):
                 self.size = os.fstat(self._fd).st_size
         if self.total_bytes + len(lead) + len(data) > self.max_bytes:
-            self.problem = f"journal {self.path} full (journal_max_bytes = {self.max_bytes})"
+            self.problem = self._full = (
+                f"journal {self.path} full (journal_max_bytes = {self.max_bytes})"
+            )
             return None
         try:
             _write_all(self._fd, lead + data)
@@ -234,7 +238,6 @@ class Journal:
         assert self._fd is not None
         sealed = self._sibling(f".seg{self.live}")
         try:
-            os.fsync(self._fd)
             os.rename(self.path, sealed)
         except OSError as exc:  # keep appending to this segment; try again in a while
             self._next_seal = time.monotonic() + _RETRY_SEAL
@@ -256,6 +259,8 @@ class Journal:
             self._empty_if_committed()
         for number in [n for n in self._sealed if n < done[0]]:
             self._delete(number)
+        if self.problem is not None and self.problem == self._full:
+            self.problem = self._full = None  # room again: no longer a reason to be unready
 
     def _empty_if_committed(self) -> None:
         """Empty a live segment committed to its end, under its next number (no rename needed,
