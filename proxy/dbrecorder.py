@@ -210,8 +210,12 @@ class DatabaseRecorder:
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, []
-        lines = [encode(ex) for ex in buffered]
-        ends = self.journal.append(lines)
+        try:
+            lines = [encode(ex) for ex in buffered]
+            ends = self.journal.append(lines)
+        except Exception:  # a bug must not cost the records: keep them for the writer
+            log.exception("journaling %d records failed", len(buffered))
+            lines, ends = [], None
         room = self._config.queue_size - len(self._fresh) - len(self._loose)
         if ends is None:
             # Memory is for what is nowhere else: journaled copies make way (read back later).

@@ -102,6 +102,8 @@ class Journal:
         Raises `StoreError` if another process holds it. A directory or file that cannot be
         written is not fatal: `problem` says so, and `append` tries again later.
         """
+        if self._lock_fd is not None:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self._sibling(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
