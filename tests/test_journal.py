@@ -123,8 +123,11 @@ async def test_a_stalled_postgres_is_noticed_in_seconds_and_loses_nothing(
         first = [chat_exchange() for _ in range(5)]
         for ex in first:
             recorder.record(ex)
-        await wait_until(lambda: recorder.journal.done == recorder.journal.end)
-        await asyncio.to_thread(relay.stall)  # connections open, no bytes
+        deadline = time.monotonic() + 10
+        while await query(pg_url, "SELECT count(*) FROM exchanges") != [(len(first),)]:
+            assert time.monotonic() < deadline, "the first records were not written"
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(relay.stall)  # the pooled connection stays open, no bytes
         stalled_at = time.monotonic()
         later = [chat_exchange() for _ in range(20)]
         for ex in later:
