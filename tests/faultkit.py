@@ -41,10 +41,17 @@ from sqlalchemy.engine import make_url
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def held_port() -> socket.socket:
+    """A socket bound to a port the system picked, not listening: the port stays ours until
+    the socket closes, and a server binding with SO_REUSEADDR (aiohttp, so `flightrec serve`
+    and the upstream here) takes it over. As tests/conftest.py `reserved_port`, for ports held
+    across restarts."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):  # for `serve --workers`, which shares the port
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def _wait_port(port: int, process: subprocess.Popen[bytes], seconds: float) -> None:
@@ -144,17 +151,18 @@ async def _serve_upstream(port: int) -> None:
 @contextlib.contextmanager
 def upstream_process() -> Iterator[str]:
     """The upstream's base URL (`http://127.0.0.1:PORT/v1`) while its process runs."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.faultkit", "upstream", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        _wait_port(port, process, 30)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        stop_process(process)
+    with held_port() as held:
+        port = int(held.getsockname()[1])
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.faultkit", "upstream", str(port)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            _wait_port(port, process, 30)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            stop_process(process)
 
 
 # --- The proxy ---
@@ -179,9 +187,14 @@ class Serve:
     upstream: str
     settings: dict[str, Any] = field(default_factory=dict)
     wrapper: tuple[str, ...] = ()
-    port: int = field(default_factory=free_port)
+    held: socket.socket = field(default_factory=held_port, repr=False)
+    """The port, held for every start and restart until `release()`."""
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+
+    @property
+    def port(self) -> int:
+        return int(self.held.getsockname()[1])
 
     @property
     def url(self) -> str:
@@ -196,7 +209,10 @@ class Serve:
 
     def write_config(self) -> Path:
         lines = [f"{key} = {_toml_value(value)}" for key, value in self.settings.items()]
-        lines += [f"port = {self.port}", "", "[[upstreams]]", 'name = "fake"']
+        lines += [f"port = {self.port}"]
+        if "console_port" not in self.settings:
+            lines += ["console_port = 0"]  # no console: parallel runs never share 8081
+        lines += ["", "[[upstreams]]", 'name = "fake"']
         lines += [f"base_url = {_toml_value(self.upstream)}", 'prefix = "/v1"', ""]
         path = self.workdir / "flightrec.toml"
         path.write_text("\n".join(lines))
@@ -218,15 +234,9 @@ class Serve:
             )
 
     async def start(self, seconds: float = 30.0) -> None:
-        """Start it and wait until `/healthz` answers (not `/readyz`: a fault may hold it 503).
-        A port taken meanwhile by another process is replaced by a free one, up to 3 times."""
-        for _ in range(3):
-            if await self._started(seconds):
-                return
-            if "address already in use" not in self.log_text().rsplit("--- start", 1)[-1]:
-                break
-            self.port = free_port()
-        raise AssertionError(f"serve did not start within {seconds}s:\n{self.log_text()}")
+        """Start it and wait until `/healthz` answers (not `/readyz`: a fault may hold it 503)."""
+        if not await self._started(seconds):
+            raise AssertionError(f"serve did not start within {seconds}s:\n{self.log_text()}")
 
     async def _started(self, seconds: float) -> bool:
         self.spawn()
@@ -268,6 +278,11 @@ class Serve:
             stop_process(self.process)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
+
+    def release(self) -> None:
+        """Stop it for good and give its port back."""
+        self.stop()
+        self.held.close()
 
     async def readyz(self) -> tuple[int, str]:
         timeout = aiohttp.ClientTimeout(total=2)

@@ -87,7 +87,7 @@ def serving(serve: Serve) -> Iterator[Serve]:
     try:
         yield serve
     finally:
-        serve.stop()
+        serve.release()
 
 
 @contextlib.asynccontextmanager
