@@ -237,6 +237,7 @@ class DatabaseRecorder:
     async def _run(self) -> None:
         while not self._finished():
             self.losses.report()
+            self.journal.probe()
             loop = asyncio.get_running_loop()
             if not self._healthy and not self._last_try and loop.time() < self._retry_at:
                 await asyncio.sleep(max(_FLOOR, self._retry_at - loop.time()))

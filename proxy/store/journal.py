@@ -80,6 +80,7 @@ class Journal:
         self._cut = False  # a failed append may have left a cut line at the end
         self._next_open = 0.0
         self._next_seal = 0.0
+        self._next_probe = 0.0
         self._full: str | None = None  # `problem` when it is that the journal was full
 
     def _sibling(self, suffix: str) -> Path:
@@ -209,6 +210,17 @@ class Journal:
         if self.size >= self.segment_bytes and time.monotonic() >= self._next_seal:
             self._seal()
         return ends
+
+    def probe(self) -> None:
+        """While the journal refuses records (not writable, disk full), try it again at most
+        once a second with a blank line, which readers skip: once it has room again it says
+        so without waiting for a record, since a proxy that is not ready gets no traffic."""
+        if self.problem is None or self.problem == self._full:
+            return  # a full journal is ready again once commits free room
+        now = time.monotonic()
+        if now >= self._next_probe:
+            self._next_probe = now + 1.0
+            self.append([b"\n"])
 
     def append_closed(self, lines: list[bytes]) -> bool:
         """Append records after `close` (for the next start to read); False if refused."""
