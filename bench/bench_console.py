@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import orjson
 from aiohttp import web
 from sqlalchemy.engine import make_url

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import orjson
 from sqlalchemy.engine import make_url
 

@@ -39,7 +39,7 @@ import orjson
 
 from .procs import cpu_seconds, rss_kib
 
-REQUEST_BODY = {
+REQUEST_BODY: dict[str, Any] = {
     "model": "gpt-4o-mini",
     "messages": [
         {"role": "system", "content": "You are a helpful assistant. Answer briefly."},

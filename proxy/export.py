@@ -96,7 +96,7 @@ def _reason(status: int) -> str:
         return ""
 
 
-def har_entry(record: dict[str, Any]) -> dict[str, Any]:
+def _har_request(record: dict[str, Any]) -> dict[str, Any]:
     query = record["query"]
     url = record["upstream_url"] + (f"?{query}" if query else "")
     request: dict[str, Any] = {
@@ -115,7 +115,10 @@ def har_entry(record: dict[str, Any]) -> dict[str, Any]:
         request["headers"] = [{"name": "Content-Type", "value": mime}] if mime else []
         request["postData"] = {"mimeType": mime, "text": text}
         request["bodySize"] = len(text.encode())
+    return request
 
+
+def _har_content(record: dict[str, Any]) -> dict[str, Any]:
     content: dict[str, Any] = {"size": record["response_bytes"], "mimeType": "", "text": ""}
     raw = record.get("raw_stream")
     if record["response_omitted"]:
@@ -130,6 +133,10 @@ def har_entry(record: dict[str, Any]) -> dict[str, Any]:
         if record["stream"]:
             content["mimeType"] = "application/json"
             content["comment"] = "reassembled from the stream; its bytes were not kept"
+    return content
+
+
+def har_entry(record: dict[str, Any]) -> dict[str, Any]:
     status = record["status"] or 0
     headers = [{"name": "X-Flightrec-Id", "value": record["id"]}]
     if record["content_type"]:
@@ -141,14 +148,14 @@ def har_entry(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "startedDateTime": record["started_at"],
         "time": wait + receive,
-        "request": request,
+        "request": _har_request(record),
         "response": {
             "status": status,
             "statusText": _reason(status),
             "httpVersion": "HTTP/1.1",
             "cookies": [],
             "headers": headers,
-            "content": content,
+            "content": _har_content(record),
             "redirectURL": "",
             "headersSize": -1,
             "bodySize": record["response_bytes"],

@@ -151,7 +151,7 @@ def normalize_usage(usage: Mapping[str, Any] | None) -> Tokens | None:
     if prompt is not None:  # chat/completions, legacy completions, embeddings
         completion = _count(usage.get("completion_tokens")) or 0
         # Each details table read once, the tuple built by position: the recorder prices
-        # every exchange, and this was most of what pricing one cost (bench/).
+        # every exchange, so this lookup is on every record's path.
         cached = audio_prompt = reasoning = audio_completion = 0
         inputs = usage.get("prompt_tokens_details")
         if _is_mapping(inputs):

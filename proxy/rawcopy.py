@@ -2,11 +2,11 @@
 
 A stream's copy is held in memory until its record is written, so it must not cost a byte per
 byte. Past `PLAIN_LIMIT` bytes, `RawCopy` compresses what comes as it comes (gzip level 1, a
-1 KiB window, the smallest memory level): the compressor's state is ~11 KiB, and chunk JSON
-repeats within a chunk or two, so a 100-chunk completion's 28 KiB compress to ~1 KiB and the
-copy holds ~12-15 KiB in all (bench/; OpenAI's captured streams shrink ~9:1). Shorter streams
+small window, the smallest memory level): chunk JSON repeats within a chunk or two, so a small
+window finds almost all of it while the compressor's own state stays small. Shorter streams
 keep their bytes as they are (the compressor would cost more) and are compressed whole, with
-the full window, when the record is completed.
+the full window, when the record is completed. The memory held is measured in
+docs/performance.md.
 """
 
 from __future__ import annotations

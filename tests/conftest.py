@@ -167,7 +167,7 @@ class FakeUpstream:
             if "stream_options" in payload and payload.get("stream") is not True:
                 # As OpenAI answers it.
                 message = "The 'stream_options' parameter is only allowed when 'stream' is enabled."
-                error = {"message": message, "type": "invalid_request_error"}
+                error: dict[str, Any] = {"message": message, "type": "invalid_request_error"}
                 error |= {"param": "stream_options", "code": None}
                 return web.json_response({"error": error}, status=400)
             if payload.get("stream"):

@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import orjson
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
@@ -27,7 +28,7 @@ from .conftest import FakeUpstream, completion, start_site
 from .streamgen import chunks_to_sse, completion_to_chunks
 
 KEY = "sk-proj-replaySECRET0123456789abcdWXYZ"
-MESSAGES = [{"role": "user", "content": "Name a colour"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a colour"}]
 ANSWERS = {
     "gpt-4o-mini": completion(
         model="gpt-4o-mini-2024-07-18",
@@ -134,14 +135,14 @@ async def record_two(config: Config, headers: dict[str, str] | None = None) -> R
         raw = await client.chat.completions.with_raw_response.create(
             model="gpt-4o-mini",
             messages=MESSAGES,
-            stream=True,  # type: ignore[arg-type]
+            stream=True,
             extra_headers=headers,
         )
         stream_bytes = b"".join([part async for part in raw.http_response.aiter_bytes()])
         stream_id = raw.headers["X-Flightrec-Id"]
         plain = await client.chat.completions.with_raw_response.create(
             model="gpt-4o-mini",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             extra_headers=headers,
         )
         plain_id = plain.headers["X-Flightrec-Id"]

@@ -31,7 +31,7 @@ class TcpRelay:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._flowing: asyncio.Event | None = None
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.WriteTransport] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __enter__(self) -> TcpRelay:

@@ -36,10 +36,12 @@ def read_form(content_type: str, body: bytes) -> dict[str, bytes]:
     head = f"Content-Type: {content_type}\r\n\r\n".encode()
     message = BytesParser(policy=policy.HTTP).parsebytes(head + body)
     assert message.is_multipart()
-    return {
-        str(part.get_param("name", header="content-disposition")): part.get_payload(decode=True)
-        for part in message.iter_parts()  # type: ignore[attr-defined]
-    }
+    parts: dict[str, bytes] = {}
+    for part in message.iter_parts():
+        payload = part.get_payload(decode=True)
+        assert isinstance(payload, bytes)
+        parts[str(part.get_param("name", header="content-disposition"))] = payload
+    return parts
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:

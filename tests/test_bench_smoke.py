@@ -10,6 +10,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -152,7 +153,7 @@ def test_slow_targets_are_paired_with_direct_alone() -> None:
 
 def test_added_figures_are_taken_against_the_direct_run_beside_them() -> None:
     key = "latency_p50_ms"
-    raw = {
+    raw: dict[str, list[dict[str, Any]]] = {
         "direct": [{"round": 0, "ok": 1, key: 0.2}],
         "relay": [{"round": 0, "ok": 1, key: 1.0, "ref": {key: 0.3}}],
         "litellm": [{"round": 0, "ok": 1, key: 20.0, "ref": {}}],  # its direct answered nothing

@@ -12,6 +12,7 @@ import pytest
 from proxy.config import KEYS, PRICE_KEYS, UPSTREAM_KEYS, Config, ConfigError, load
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_every_key_is_documented_in_the_example() -> None:
@@ -23,6 +24,16 @@ def test_every_key_is_documented_in_the_example() -> None:
     assert re.search(r'^#?\s*\[prices\."[^"]+"\]$', text, flags=re.MULTILINE), "no [prices.x]"
     known = set(KEYS) | set(UPSTREAM_KEYS) | set(PRICE_KEYS)
     assert documented <= known, f"the example names unknown keys: {documented - known}"
+
+
+def test_every_key_is_in_the_readme_table() -> None:
+    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = {name for row in rows for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    assert set(KEYS) <= named, f"not in the README's configuration table: {set(KEYS) - named}"
+    assert named <= set(KEYS), f"the README's table names unknown keys: {named - set(KEYS)}"
+    assert any("`[[upstreams]]`" in row for row in rows), "no [[upstreams]] row"
+    assert any("`[prices." in row for row in rows), "no [prices] row"
 
 
 def test_the_example_loads_to_the_defaults() -> None:

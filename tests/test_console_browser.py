@@ -110,7 +110,12 @@ async def test_click_through_the_console(page: Any, site: tuple[str, Seeded, str
 async def test_recorded_content_never_runs(page: Any, site: tuple[str, Seeded, str]) -> None:
     root, s, _ = site
     dialogs: list[str] = []
-    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    def on_dialog(dialog: Any) -> Any:
+        dialogs.append(dialog.message)
+        return dialog.dismiss()
+
+    page.on("dialog", on_dialog)
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     for path in ("/", f"/exchanges/{s.hostile.id}", f"/?user={HOSTILE[:20]}", "/fingerprints"):

@@ -19,6 +19,7 @@ import openai
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
+from openai.types.chat import ChatCompletionMessageParam
 
 from proxy import config as config_mod
 from proxy.app import build_app, make_runner
@@ -93,7 +94,8 @@ async def fake_openai(request: web.Request) -> web.StreamResponse:
     assert model is not None, body["model"]
     if request.path == "/v1/embeddings":
         vector = [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}]
-        answer = {"object": "list", "data": vector, "model": model.answered, "usage": model.usage}
+        answer: dict[str, Any] = {"object": "list", "data": vector}
+        answer |= {"model": model.answered, "usage": model.usage}
         return await _answer(request, answer, None)
     if request.path == "/v1/completions":
         answer = {
@@ -167,15 +169,15 @@ async def run_workload(base_url: str, sdk: Sdk) -> tuple[list[str], list[Any]]:
     alice = client(KEY_A, **{"X-Flightrec-User": "alice"}, **search)
     bob = client(KEY_B, **ads)
     plain_a, plain_b = client(KEY_A), client(KEY_B)
-    hello = [{"role": "user", "content": "hello"}]
+    hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
     chat = alice.chat.completions.create
-    await chat(model="gpt-4o-mini", messages=hello)  # type: ignore[arg-type]
-    await bob.chat.completions.create(model="gpt-5-mini", messages=hello, user="bob")  # type: ignore[arg-type]
-    await chat(model="acme-7b", messages=hello)  # type: ignore[arg-type]
+    await chat(model="gpt-4o-mini", messages=hello)
+    await bob.chat.completions.create(model="gpt-5-mini", messages=hello, user="bob")
+    await chat(model="acme-7b", messages=hello)
     await client(KEY_B, **search).embeddings.create(model="text-embedding-3-small", input="hi")
     stream = await plain_a.chat.completions.create(
         model="gpt-4o-mini",
-        messages=hello,  # type: ignore[arg-type]
+        messages=hello,
         stream=True,  # no stream_options: the proxy asks for usage itself
     )
     chunks = [chunk async for chunk in stream]
@@ -188,7 +190,7 @@ async def run_workload(base_url: str, sdk: Sdk) -> tuple[list[str], list[Any]]:
     assert plain.output_text == "".join(TEXT_PIECES)
     async for _ in await plain_a.responses.create(model="gpt-4.1", input="hello", stream=True):
         pass
-    await bob.chat.completions.create(model="house-model", messages=hello)  # type: ignore[arg-type]
+    await bob.chat.completions.create(model="house-model", messages=hello)
     await plain_a.models.list()
     return ids, chunks
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from haralyzer import HarParser
+from haralyzer import HarParser  # type: ignore[import-untyped]
 
 from proxy.exchange import Exchange
 from proxy.export import CSV_COLUMNS, export

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from openai.types.chat import ChatCompletionMessageParam
 from yarl import URL
 
 from proxy.exchange import Exchange
@@ -26,7 +27,7 @@ from proxy.forward import READ_LIMIT, asks_for_stream
 from .conftest import FakeUpstream, RunningProxy, Sdk, completion
 
 KEY = "sk-test-0123456789abcdefWXYZ"
-MESSAGES = [{"role": "user", "content": "Say hello"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]
 
 
 def _logprob(token: str, top: int) -> dict[str, Any]:
@@ -158,7 +159,8 @@ async def test_sdk_sees_what_it_sees_direct(
     assert exchange.parse_errors == []
     if stream:
         assert exchange.chunks == len(upstream.sent.split(b"\n\n")) - 1
-        assert exchange.ttft_ms is not None and exchange.ttft_ms >= exchange.ttfb_ms
+        assert exchange.ttft_ms is not None and exchange.ttfb_ms is not None
+        assert exchange.ttft_ms >= exchange.ttfb_ms
 
 
 async def test_raw_stream_is_kept_only_when_configured(
@@ -430,7 +432,7 @@ def _responses_stream(text: str) -> bytes:
         ],
         "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
     }
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": {**final, "status": "in_progress"}},
         {
             "type": "response.output_text.delta",

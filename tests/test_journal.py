@@ -21,6 +21,7 @@ from proxy.store.journal import Journal
 from proxy.store.lines import encode
 
 from . import dbs, test_recorder
+from .conftest import until as wait_until
 from .dbs import chat_exchange
 from .tcprelay import TcpRelay
 from .test_recorder import (
@@ -30,7 +31,6 @@ from .test_recorder import (
     query,
     spool_files,
     started,
-    wait_until,
 )
 
 sqlite_db = test_recorder.sqlite_db  # fixture

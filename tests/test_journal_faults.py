@@ -26,8 +26,9 @@ from proxy.dbrecorder import DatabaseRecorder
 from proxy.store import upgrade
 
 from .conftest import FakeUpstream, reserved_port, start_site
+from .conftest import until as wait_until
 from .dbs import chat_exchange, sqlite_url
-from .test_recorder import SqliteLock, query, wait_until
+from .test_recorder import SqliteLock, query
 
 LOCK_SECONDS = 6.0
 """Longer than the SQLite writer's busy timeout (5 s): the database counts as unavailable."""

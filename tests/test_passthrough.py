@@ -29,7 +29,7 @@ KEY = "sk-live-SECRET-abcdef123456"
 STREAM_REQUEST = {"model": "gpt-4o-mini", "stream": True, "messages": []}
 
 
-async def _get(url: str, **kwargs: Any) -> tuple[int, Any, bytes]:
+async def _get(url: str | URL, **kwargs: Any) -> tuple[int, Any, bytes]:
     method = kwargs.pop("method", "GET")
     async with (
         aiohttp.ClientSession(auto_decompress=False) as session,

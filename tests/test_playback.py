@@ -58,7 +58,7 @@ async def test_recorded_answers_without_an_upstream(db_url: str, tmp_path: Path)
         assert running.recorded == 2
         plain = await client.chat.completions.with_raw_response.create(
             model="gpt-4o-mini",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
         )
         assert plain.headers["X-Flightrec-Id"] == recorded.plain_id
         assert plain.headers["X-Flightrec-Playback"] == "recorded"
@@ -67,7 +67,7 @@ async def test_recorded_answers_without_an_upstream(db_url: str, tmp_path: Path)
 
         stream = await client.chat.completions.create(
             model="gpt-4o-mini",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             stream=True,
         )
         chunks = [chunk async for chunk in stream]
@@ -164,11 +164,11 @@ async def test_miss_forwarded_and_recorded(db_url: str, tmp_path: Path) -> None:
         ):
             hit = await client.chat.completions.with_raw_response.create(
                 model="gpt-4o-mini",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
             )
             missed = await client.chat.completions.with_raw_response.create(
                 model="gpt-4o",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
             )
         assert len(upstream.seen) == seen + 1  # only the miss went upstream
     assert hit.headers["X-Flightrec-Id"] == recorded.plain_id
@@ -202,7 +202,7 @@ async def test_playback_command(tmp_path: Path) -> None:
         async with sdk(root) as client:
             answer = await client.chat.completions.with_raw_response.create(
                 model="gpt-4o-mini",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
                 user="anyone",
             )
         assert answer.headers["X-Flightrec-Id"] == recorded.plain_id

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
@@ -24,7 +25,9 @@ from .conftest import FakeUpstream, Sdk, completion, start_site
 db_url = dbs.db_url  # fixture
 
 KEY = "sk-proj-e2eSECRET0123456789abcdefWXYZ"
-MESSAGES = [{"role": "user", "content": "Say hello in two languages"}]
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Say hello in two languages"}
+]
 TOKENS = ["Hello", " /", " Bon", "jour", " 世界"]
 USAGE = {
     "prompt_tokens": 19,
@@ -125,7 +128,7 @@ async def test_chat_completions_are_recorded_whole(
     for body in requests:
         result = await client.chat.completions.create(**body, extra_headers=headers)
         if body.get("stream"):
-            [chunk async for chunk in result]  # type: ignore[union-attr]
+            [chunk async for chunk in result]
     await recording.stop()
 
     url = recording.db_url

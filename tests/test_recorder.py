@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -63,14 +64,14 @@ def config(url: str, tmp_path: Path, **overrides: object) -> Config:
     return replace(Config(), **{**values, **overrides})  # type: ignore[arg-type]
 
 
-async def started(cfg: Config, **engine_options: int) -> DatabaseRecorder:
+async def started(cfg: Config, **engine_options: Any) -> DatabaseRecorder:
     recorder = DatabaseRecorder(cfg, **engine_options)
     recorder.retry_min, recorder.retry_max = 0.05, 0.3
     await recorder.start()
     return recorder
 
 
-async def query(url: str, sql: str) -> list[tuple[object, ...]]:
+async def query(url: str, sql: str) -> list[tuple[Any, ...]]:
     engine = create_engine(url)
     try:
         async with engine.connect() as conn:

@@ -21,7 +21,7 @@ from .conftest import FakeUpstream, RunningProxy, Sdk
 
 Json = dict[str, Any]
 
-REASONING = {
+REASONING: Json = {
     "id": "rs_1",
     "type": "reasoning",
     "summary": [
@@ -122,7 +122,8 @@ def stream_events(final: Json, terminal: Json | None = None) -> list[Json]:
 
 
 def sse(event: Json) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def serve_events(
@@ -229,7 +230,8 @@ async def test_a_completed_event_without_output_is_rebuilt_from_the_finished_ite
     assert exchange.outcome == "ok" and exchange.usage == FINAL["usage"]
     assert exchange.response_json == FINAL
     if output == "absent":  # the SDK rebuilds it only then: the record is what it gave
-        assert [item.id for item in final.output] == [item["id"] for item in FINAL["output"]]
+        ids = [item.id for item in final.output]  # type: ignore[union-attr]
+        assert ids == [item["id"] for item in FINAL["output"]]
         assert final.output[1].arguments == CALL["arguments"]  # type: ignore[union-attr]
         assert final.output_text == MESSAGE["content"][0]["text"]  # type: ignore[index]
 

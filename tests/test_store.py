@@ -241,7 +241,7 @@ async def test_fingerprints_count_first_and_last_seen(engine: AsyncEngine) -> No
     assert abs(last_seen.timestamp() - (t0 + 2)) < 1e-3
 
 
-def _utc(value: Any) -> datetime:
+def _utc(value: str | datetime) -> datetime:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -8,7 +8,8 @@ import itertools
 import json
 import random
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import aiohttp
 import orjson
@@ -55,7 +56,10 @@ def _less_usage_event(body: bytes) -> bytes:
 @pytest.mark.parametrize("piece_size", [1, 7, None, "event"])
 @pytest.mark.parametrize("include_usage", [True, False])
 async def test_stream_bytes_are_the_upstreams(
-    upstream: FakeUpstream, proxy: RunningProxy, piece_size: int | str | None, include_usage: bool
+    upstream: FakeUpstream,
+    proxy: RunningProxy,
+    piece_size: int | Literal["event"] | None,
+    include_usage: bool,
 ) -> None:
     upstream.completion["choices"][0]["message"]["content"] = UTF8_HEAVY * 3
     if piece_size == "event":  # whole events go out before they are parsed; usage never does
@@ -258,7 +262,10 @@ async def test_stream_endings_are_recorded_with_what_came_before(
     assert status == 200 and received == body  # the client gets everything, bad line included
     [exchange] = await proxy.recorder.wait_for(1)
     assert exchange.outcome == outcome
-    assert (error_part is None and exchange.error is None) or error_part in exchange.error
+    if error_part is None:
+        assert exchange.error is None
+    else:
+        assert error_part in (exchange.error or "")
     assert exchange.response_json["choices"][0]["message"]["content"] == "Hel"
     assert any("not JSON" in problem for problem in exchange.parse_errors)
 
@@ -465,7 +472,7 @@ def _usage_first(chunk: dict[str, Any]) -> bytes:
     return json.dumps(chunk).encode()
 
 
-SPELLINGS = {
+SPELLINGS: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "openai": orjson.dumps,  # {...,"choices":[...],"usage":null}
     "spaced": lambda chunk: json.dumps(chunk).encode(),  # {..., "usage": null}
     "usage-first": _usage_first,  # {"usage": null, ...}
@@ -633,9 +640,12 @@ async def test_a_responses_stream_past_the_bound_keeps_its_usage_not_its_whole_o
     bound = 64 * 1024
     text = "".join(f"{i:06d} word " for i in range(30_000))
     usage = {"input_tokens": 3, "output_tokens": 30_000, "total_tokens": 30_003}
+    final: dict[str, Any]
     final = {"id": "resp_1", "object": "response", "status": "completed", "model": "m"}
     final |= {"usage": usage, "output": [{"type": "message", "content": [{"text": text}]}]}
-    events = [{"type": "response.created", "response": {**final, "usage": None, "output": []}}]
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": {**final, "usage": None, "output": []}}
+    ]
     events += [
         {"type": "response.output_text.delta", "output_index": 0, "delta": text[i : i + 12]}
         for i in range(0, len(text), 12)

@@ -1,0 +1,37 @@
+"""Every module in proxy/ stays readable: at most 400 lines, no function over 60."""
+
+import ast
+from pathlib import Path
+
+PROXY = Path(__file__).resolve().parent.parent / "proxy"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _modules() -> list[Path]:
+    return sorted(PROXY.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(PROXY.parent))
+
+
+def test_no_module_over_400_lines() -> None:
+    offenders = []
+    for path in _modules():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            offenders.append(f"{_name(path)}: {lines} lines")
+    assert not offenders, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(offenders)
+
+
+def test_no_function_over_60_lines() -> None:
+    offenders = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    offenders.append(f"{_name(path)}:{node.lineno} {node.name}: {lines} lines")
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(offenders)
