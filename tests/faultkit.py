@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import orjson
 from sqlalchemy.engine import make_url
 
