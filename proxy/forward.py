@@ -4,7 +4,7 @@ Follow one exchange from top to bottom: `forward` matches the upstream, `_relay`
 request and copies the response to the client piece by piece (each piece is written before the
 proxy looks at it), `StreamTee` parses and reassembles what went by, and the `finally` in
 `forward` hands the exchange on, whatever the outcome, to `_conclude`, which completes the
-record a moment later (`Later`) and gives it to the recorder.
+record a moment later (`Later`) and gives it to the sinks (`proxy.sinks`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from .config import Config, Upstream
 from .exchange import Exchange, format_id, id_place
 from .forms import FORM_KEYS, form_fields
 from .headers import control_headers, response_headers, upstream_headers
-from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_SESSION, APP_SINKS
 from .paths import Refused, mask_query, route
-from .recorder import Recorder
+from .sinks import Sinks
 from .tee import StreamTee, without_null_usage
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         exchange = record.exchange()
         exchange.duration_ms = (time.perf_counter() - started) * 1000
         app = request.app
-        app[APP_LATER].add(_conclude, exchange, request, tees, app[APP_RECORDER])
+        app[APP_LATER].add(_conclude, exchange, request, tees, app[APP_SINKS])
 
 
 class _Record:
@@ -208,9 +208,9 @@ class _Record:
 
 
 def _conclude(
-    exchange: Exchange, request: web.Request, tees: list[StreamTee], recorder: Recorder
+    exchange: Exchange, request: web.Request, tees: list[StreamTee], sinks: Sinks
 ) -> None:
-    """Complete the record and hand it to the recorder: after the response, and after the
+    """Complete the record and hand it to the sinks: after the response, and after the
     client's next request has gone on (`Later`), so that none of it delays a byte."""
     try:
         exchange.path = request.path
@@ -231,7 +231,7 @@ def _conclude(
             exchange.request_body = exchange.request_json = None
         if exchange.omit_response:
             exchange.response_body = exchange.response_json = exchange.raw_stream_gz = None
-        recorder.record(exchange)
+        sinks.accept(exchange)
 
 
 async def _relay(
