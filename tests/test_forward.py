@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from yarl import URL
 
 from proxy.exchange import Exchange
-from proxy.forward import READ_LIMIT, asks_for_stream
+from proxy.usage_option import READ_LIMIT, asks_for_stream
 
 from .conftest import FakeUpstream, RunningProxy, Sdk, completion
 
