@@ -95,12 +95,12 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
 
 
 def _tune_gc() -> None:
-    """Tune the cyclic garbage collector for a long-running server (measured in bench/).
+    """Tune the cyclic garbage collector for a long-running server (docs/performance.md).
 
     Everything alive after start-up (SQLAlchemy, alembic, aiohttp and their caches) lives as
     long as the process: `gc.freeze()` takes it out of every later collection. Each exchange
     allocates many short-lived containers, so young collections run every 20,000 allocations
-    instead of 700; together this saved 25-40 us of CPU per request at concurrency 8.
+    instead of 700.
     """
     gc.collect()
     gc.freeze()

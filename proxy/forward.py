@@ -4,7 +4,7 @@
 
 1. route the path to an upstream (`paths.route`); answer errors in OpenAI's shape (`errors`);
 2. read the body and, for a stream, ask the upstream for its usage (`usage_option`);
-3. send the request upstream (`_send_upstream`);
+3. send the request upstream (`_send_upstream`), the pooled session's one request;
 4. relay the answer to the client through the tee (`relay`, `tee`, `reader`);
 5. in `finally`, whatever happened, have the record completed a moment later and handed to the
    sinks (`record.conclude`, `sinks`).
@@ -110,24 +110,12 @@ async def _read_body(request: web.Request, seconds: float) -> bytes:
 async def _send_upstream(
     request: web.Request, url: URL, body: UpstreamBody
 ) -> aiohttp.ClientResponse:
-    """Send the request upstream; the response once its headers are in. A body that asked
-    for usage on a wrong guess and was refused for it goes again as the client sent it."""
-    session = request.app[APP_SESSION]
-    answer = await _send(session, request, url, body.sent, body.injected)
-    if body.refused_guess(answer.status):
-        log.debug("%s: no stream after all; sent again without stream_options", url)
-        answer.close()
-        answer = await _send(session, request, url, body.sent, body.injected)
-    return answer
-
-
-async def _send(
-    session: aiohttp.ClientSession, request: web.Request, url: URL, body: bytes, injected: bool
-) -> aiohttp.ClientResponse:
-    return await session.request(
+    """Send the request upstream; the answer once its headers are in."""
+    injected = body.injected
+    return await request.app[APP_SESSION].request(
         request.method,
         url,
         headers=upstream_headers(request.headers, identity_encoding=injected),
-        data=body or None,
+        data=body.sent or None,
         allow_redirects=False,
     )
