@@ -4,6 +4,7 @@ and the recorder gets the complete exchange."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import struct
 import time
@@ -474,3 +475,32 @@ async def test_an_sdk_client_leaving_mid_stream_is_client_disconnected(
     [exchange] = await proxy.recorder.wait_for(1)
     assert exchange.outcome == "client_disconnected"
     assert exchange.response_bytes == len(first.replace(b',"usage":null', b""))
+
+
+async def test_an_exchange_leaves_no_reference_cycle_behind(
+    upstream: FakeUpstream, proxy: RunningProxy
+) -> None:
+    """Everything an exchange made is freed when its last reference goes, not by the cyclic
+    collector: objects in a cycle live (and are traversed) until a collection finds them."""
+    url = f"{proxy.base_url}/chat/completions"
+    streamed = orjson.dumps({"model": "m", "messages": MESSAGES, "stream": True})
+    plain = orjson.dumps({"model": "m", "messages": MESSAGES})
+    async with aiohttp.ClientSession() as session:
+        for body in (streamed, plain):  # the first of each kind warms what stays
+            async with session.post(url, data=body) as response:
+                await response.read()
+        await proxy.recorder.wait_for(2)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(5):
+                for body in (streamed, plain):
+                    async with session.post(url, data=body) as response:
+                        await response.read()
+            await proxy.recorder.wait_for(12)
+            proxy.recorder.exchanges.clear()
+            await asyncio.sleep(0.05)
+            left = gc.collect()
+        finally:
+            gc.enable()
+    assert left == 0
