@@ -21,16 +21,8 @@ from aiohttp import web
 from .config import Config
 from .connections import Runner
 from .forward import forward
-from .keys import (
-    APP_ARRIVALS,
-    APP_CONFIG,
-    APP_LATER,
-    APP_READ_LATER,
-    APP_RECORDER,
-    APP_SESSION,
-    APP_SINKS,
-)
-from .later import READ_DELAY, Arrivals, Later
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION, APP_SINKS
+from .later import READ_DELAY, Later
 from .recorder import Explains, Recorder
 from .sinks import RecorderSink, Sink, Sinks
 
@@ -81,9 +73,8 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
     app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks])
-    arrivals = app[APP_ARRIVALS] = Arrivals()
-    app[APP_LATER] = Later(arrivals=arrivals)
-    app[APP_READ_LATER] = Later(READ_DELAY, arrivals)
+    app[APP_LATER] = Later()
+    app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_sinks)
     app.router.add_get("/healthz", healthz)

@@ -25,7 +25,7 @@ from .endpoints import endpoint
 from .errors import not_routed, proxy_failed, refuse_path, too_large, too_slow, unreachable
 from .exchange import id_place
 from .headers import upstream_headers
-from .keys import APP_ARRIVALS, APP_CONFIG, APP_LATER, APP_SESSION, APP_SINKS
+from .keys import APP_CONFIG, APP_LATER, APP_SESSION, APP_SINKS
 from .paths import Refused, route
 from .record import Record, conclude
 from .relay import relay
@@ -44,8 +44,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return not_routed(request)
     refused = isinstance(found, Refused)
     upstream, rest = (found.upstream, found.rest) if isinstance(found, Refused) else found
-    app = request.app
-    record = Record(place, request.method, upstream, rest, began, app[APP_ARRIVALS])
+    record = Record(place, request.method, upstream, rest, began)
     try:
         if refused:
             return refuse_path(record.exchange(), upstream)
@@ -60,11 +59,11 @@ async def forward(request: web.Request) -> web.StreamResponse:
         log.exception("exchange %s failed inside the proxy", record.id)
         return proxy_failed(record.exchange(), exc)
     finally:
-        record.arrived()
         exchange = record.exchange()
         exchange.duration_ms = (time.perf_counter() - started) * 1000
         # Completed off the way of the client's next request (`Later`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
+        app = request.app
         app[APP_LATER].add(conclude, exchange, request, tee, app[APP_SINKS])
 
 

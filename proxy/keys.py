@@ -6,11 +6,10 @@ import aiohttp
 from aiohttp import web
 
 from .config import Config
-from .later import Arrivals, Later
+from .later import Later
 from .recorder import Recorder
 from .sinks import Sinks
 
-APP_ARRIVALS = web.AppKey("arrivals", Arrivals)
 APP_CONFIG = web.AppKey("config", Config)
 APP_LATER = web.AppKey("later", Later)
 APP_READ_LATER = web.AppKey("read_later", Later)

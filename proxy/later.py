@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,30 +30,11 @@ client takes to wake and read them, shorter than most gaps between two events of
 that reading one seldom delays the next."""
 
 
-RETRY = 0.0001
-"""Seconds between two looks for a moment when no exchange waits for its first byte."""
-PATIENCE = 0.005
-"""Seconds deferred work waits at most for such a moment (under load there is none)."""
-
-
-class Arrivals:
-    """How many exchanges are on their way to their first byte (request in, answer not yet)."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
 class Later:
-    def __init__(self, delay: float = DELAY, arrivals: Arrivals | None = None) -> None:
+    def __init__(self, delay: float = DELAY) -> None:
         self._delay = delay
-        self._arrivals = arrivals
-        """Work waits (up to `PATIENCE`) while any exchange is on its way to its first byte: a
-        client sending requests back to back would otherwise have it before that byte."""
         self._pending: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._due_at = 0.0
         self._closed = False
 
     def __len__(self) -> int:
@@ -67,25 +47,13 @@ class Later:
             return
         self._pending.append((work, args))
         if self._timer is None:
-            self._due_at = time.perf_counter() + self._delay
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self._when_free)
+            self._timer = asyncio.get_running_loop().call_later(self._delay, self._due)
 
     def flush(self, *, close: bool = False) -> None:
         """Run everything pending now; with `close`, all later work runs at once too."""
         self._closed = self._closed or close
         if self._timer is not None:
             self._timer.cancel()
-        self._due()
-
-    def _when_free(self) -> None:
-        arrivals = self._arrivals
-        if (
-            arrivals is not None
-            and arrivals.count
-            and time.perf_counter() < self._due_at + PATIENCE
-        ):
-            self._timer = asyncio.get_running_loop().call_later(RETRY, self._when_free)
-            return
         self._due()
 
     def _due(self) -> None:

@@ -19,7 +19,6 @@ from .config import Upstream
 from .exchange import Exchange, format_id
 from .forms import FORM_KEYS, form_fields
 from .headers import control_headers, key_identity
-from .later import Arrivals
 from .paths import mask_query
 from .sinks import Sinks
 from .usage_option import UpstreamBody, parse_json_body
@@ -38,7 +37,6 @@ class Record:
 
     __slots__ = (
         "_answer",
-        "_arrivals",
         "_began",
         "_exchange",
         "_method",
@@ -50,19 +48,9 @@ class Record:
     )
 
     def __init__(
-        self,
-        place: int,
-        method: str,
-        upstream: Upstream,
-        rest: str,
-        began: float,
-        arrivals: Arrivals | None = None,
+        self, place: int, method: str, upstream: Upstream, rest: str, began: float
     ) -> None:
         self.id = format_id(place)
-        self._arrivals = arrivals
-        """Counts this exchange until its answer has come (`Later` waits while any is)."""
-        if arrivals is not None:
-            arrivals.count += 1
         self._method = method
         self._upstream = upstream
         self._rest = rest
@@ -77,16 +65,9 @@ class Record:
     def answered(self, ttfb_ms: float, response: aiohttp.ClientResponse, content_type: str) -> None:
         """The upstream's answer has come: what the record says of it, filled in when the
         record is made."""
-        self.arrived()
         self._answer = (ttfb_ms, response, content_type)
         if self._exchange is not None:
             self._fill_answer(self._exchange)
-
-    def arrived(self) -> None:
-        """The exchange is no longer on its way to the first byte (answered, or over)."""
-        if self._arrivals is not None:
-            self._arrivals.count -= 1
-            self._arrivals = None
 
     def exchange(self) -> Exchange:
         exchange = self._exchange
