@@ -691,7 +691,11 @@ async def test_a_responses_stream_past_the_bound_keeps_its_usage_not_its_whole_o
 async def test_a_stream_of_unknown_events_past_the_bound_keeps_only_the_events_before_it() -> None:
     client = Client()
     tee = _tee("/threads/runs", sse=True, max_stream_record_bytes=300, client=client)
-    events = [{"object": "thread.run.step.delta", "n": n, "text": "x" * 60} for n in range(10)]
+    events: list[dict[str, Any]] = [
+        {"object": "thread.run.step.delta", "n": n, "text": "x" * 60} for n in range(10)
+    ]
+    usage = {"total_tokens": 3}
+    events.append({"object": "thread.run", "usage": usage})  # past the bound: read, not kept
     body = b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events)
     for event in body.split(b"\n\n")[:-1]:
         await tee.relay(event + b"\n\n")
@@ -699,5 +703,6 @@ async def test_a_stream_of_unknown_events_past_the_bound_keeps_only_the_events_b
     tee.finish()
     assert bytes(client.received) == body
     kept = tee.exchange.response_json
-    assert 0 < len(kept) < len(events) and kept == events[: len(kept)]
+    assert 0 < len(kept) < len(events) - 1 and kept == events[: len(kept)]
+    assert tee.exchange.usage == usage
     assert "larger than max_stream_record_bytes" in tee.exchange.parse_errors[-1]
