@@ -4,7 +4,7 @@
 
 1. route the path to an upstream (`paths.route`); answer errors in OpenAI's shape (`errors`);
 2. read the body and, for a stream, ask the upstream for its usage (`usage_option`);
-3. send the request upstream (`_send_upstream`), the pooled session's one request;
+3. send it upstream (`_send_upstream`);
 4. relay the answer to the client through the tee (`relay`, `tee`, `reader`);
 5. in `finally`, whatever happened, have the record completed a moment later and handed to the
    sinks (`record.conclude`, `sinks`).
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
+    """One exchange, whatever its outcome; the record goes to the sinks from `finally`."""
     began = time.time()
     started = time.perf_counter()
     place = id_place()  # now: ids sort as the requests came
