@@ -55,7 +55,18 @@ TARGETS = (
 BASE: Path | None = None
 """`--base DIR`: another checkout (e.g. main) that the `base-*` targets run, for an A/B of a
 change in one run; the `base-*` targets are added beside each `flightrec-*` target chosen."""
-MEASURES = ("latency", "ttfb", "cpu", "cpu-large", "maxrate", "streams", "reassembly", "record")
+MEASURES = (
+    "latency",
+    "ttfb",
+    "ttfb-b2b",
+    "ttfb-gap",
+    "cpu",
+    "cpu-large",
+    "maxrate",
+    "streams",
+    "reassembly",
+    "record",
+)
 LARGE_PROMPT = 50_000
 """Bytes of prompt added to each request of `cpu-large`: a long conversation, or a document
 pasted in. What a proxy does per byte of body (recording writes every byte) shows there."""
@@ -76,6 +87,10 @@ class Plan:
     ttfb_chunks: int = 8
     ttfb_interval_ms: float = 1.0
     """TTFB streams are paced, as tokens are: the first event arrives alone."""
+    gap_ms: float = 5.0
+    """`ttfb-gap`: a client's pause between one short stream's end and its next request
+    (`ttfb-b2b` sends the next at once: work a proxy defers past a response lands on the next
+    one)."""
     maxrate_rounds: int = 2
     step_seconds: float = 2.0
     bisections: int = 3
@@ -318,9 +333,18 @@ def closed_measures(
     """latency (c=1), ttfb (c=1, streams), cpu and cpu-large (c=8), in interleaved rounds. At
     c=1 the targets' requests alternate (`paired_round`); at c=8 each target has the machine in
     turn, since CPU per request is read from the target's own process."""
-    shapes = {
+    shapes: dict[str, dict[str, Any]] = {
         "latency": {"concurrency": 1, "stream": False, "warmup": 100},
         "ttfb": {"concurrency": 1, "stream": True, "warmup": 50},
+        # Each target alone, one client sending streams back to back, or with a pause between.
+        "ttfb-b2b": {"concurrency": 1, "stream": True, "warmup": 50, "solo": True},
+        "ttfb-gap": {
+            "concurrency": 1,
+            "stream": True,
+            "warmup": 50,
+            "solo": True,
+            "gap_ms": plan.gap_ms,
+        },
         "cpu": {"concurrency": 8, "stream": False, "warmup": 200},
         "cpu-large": {
             "concurrency": 8,
@@ -334,7 +358,10 @@ def closed_measures(
         for measure in raw:
             if measure == "ttfb":
                 set_stream_shape(upstream, plan.ttfb_chunks, plan.ttfb_interval_ms)
-            if shapes[measure]["concurrency"] == 1 and plan.c1 == "paired":
+            elif measure.startswith("ttfb-"):  # short streams: all their chunks at once
+                set_stream_shape(upstream, plan.ttfb_chunks, 0)
+            solo = shapes[measure].get("solo") or plan.c1 == "solo"
+            if shapes[measure]["concurrency"] == 1 and not solo:
                 shape = {k: v for k, v in shapes[measure].items() if k != "concurrency"}
                 running = [t for t in targets if alive(t)]
                 for index, group in enumerate(paired_groups(running)):
@@ -352,7 +379,7 @@ def closed_measures(
                     requests=plan.requests,
                     seconds=plan.seconds,
                     pids=target.pids,
-                    **shapes[measure],
+                    **{k: v for k, v in shapes[measure].items() if k != "solo"},
                 )
                 result["round"] = turn
                 raw[measure].setdefault(target.name, []).append(result)

@@ -232,6 +232,7 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     port, stream, pids = cmd["port"], bool(cmd.get("stream")), cmd.get("pids", [])
     raw = request_bytes(port, cmd["path"], stream, int(cmd.get("prompt_bytes", 0)))
     concurrency = int(cmd["concurrency"])
+    gap = float(cmd.get("gap_ms", 0)) / 1000
     conns: list[Connection | None] = []
 
     async def phase(total: int, seconds: float, tally: Tally | None) -> None:
@@ -243,6 +244,8 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
             while remaining > 0 and time.perf_counter() < deadline:
                 remaining -= 1
                 await _one(conns, index, port, raw, stream, tally)
+                if gap:
+                    await asyncio.sleep(gap)
 
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
 

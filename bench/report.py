@@ -58,6 +58,16 @@ def _added(raw: dict[str, list[dict[str, Any]]], name: str, key: str) -> float |
     return _median(added)
 
 
+def _over_relay(raw: dict[str, list[dict[str, Any]]], name: str, key: str) -> float | None:
+    """Median over rounds of (target - relay) for `key`, each round against that round's relay."""
+    relay = {r["round"]: r[key] for r in _ok(raw.get("relay", [])) if key in r}
+    return _median(
+        row[key] - relay[row["round"]]
+        for row in _ok(raw.get(name, []))
+        if key in row and row["round"] in relay
+    )
+
+
 def _cpu_per_request_us(rows: list[dict[str, Any]]) -> float | None:
     # A round in which the target died measured part of a process: not a CPU figure.
     clean = [r for r in rows if "cpu_s" in r and not r.get("errors")]
@@ -83,6 +93,11 @@ def summarize(raw: dict[str, Any], names: list[str]) -> Summary:
             s["added_ttfb_p50_ms"] = _added(ttfb, name, "ttfb_p50_ms")
             s["added_ttfb_p99_ms"] = _added(ttfb, name, "ttfb_p99_ms")
             s["ttfb_errors"] = sum(r.get("errors", 0) for r in ttfb[name])
+        for measure, label in (("ttfb-b2b", "b2b"), ("ttfb-gap", "gap")):
+            if name in raw.get(measure, {}):
+                rows = _ok(raw[measure][name])
+                s[f"{label}_ttfb_p50_ms"] = _median(r.get("ttfb_p50_ms") for r in rows)
+                s[f"{label}_over_relay_ms"] = _over_relay(raw[measure], name, "ttfb_p50_ms")
         cpu = raw.get("cpu", {})
         if name in cpu:
             rows = _ok(cpu[name])
@@ -278,6 +293,28 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_num(s.get('streams_ttfb_p50_ms'), 1)} / {_num(s.get('streams_ttfb_p99_ms'), 1)}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if any("b2b_ttfb_p50_ms" in s or "gap_ttfb_p50_ms" in s for s in summary.values()):
+        lines += [
+            "",
+            f"First byte of a short stream ({plan['ttfb_chunks']} chunks at once), one client, "
+            "each target alone: streams sent back to back, "
+            f"and {plan.get('gap_ms', 5):g} ms apart. Over the relay: median over rounds of the "
+            "difference to the relay's p50 in the same round.",
+            "",
+            "| target | back to back p50 ms | over relay ms | apart p50 ms | over relay ms |",
+            "|---|---|---|---|---|",
+        ]
+        for name, s in summary.items():
+            cells = [name] + [
+                _num(s.get(key), 3)
+                for key in (
+                    "b2b_ttfb_p50_ms",
+                    "b2b_over_relay_ms",
+                    "gap_ttfb_p50_ms",
+                    "gap_over_relay_ms",
+                )
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     verdicts = checks(results)
     if verdicts and any(v for _, v in verdicts):
         shown = [n for n in RECORDING if n in summary]

@@ -1,9 +1,10 @@
 """Builds the aiohttp application and runs it.
 
 The application owns two long-lived things, both in `cleanup_ctx` so they live exactly as long
-as the server: the pooled upstream `ClientSession` and the recorder. Shutdown order matters:
-stop listening, let in-flight exchanges finish (bounded by `shutdown_grace`), then close the
-recorder, which writes out everything it holds.
+as the server: the pooled upstream `ClientSession` and the sinks (the recorder first, then any
+others, `proxy.sinks`). Shutdown order matters: stop listening, let in-flight exchanges finish
+(bounded by `shutdown_grace`), complete the records still waiting, then stop the sinks in
+reverse order, each delivering everything it holds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -20,9 +21,10 @@ from aiohttp import web
 from .config import Config
 from .connections import Runner
 from .forward import forward
-from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION, APP_SINKS
 from .later import READ_DELAY, Later
 from .recorder import Explains, Recorder
+from .sinks import RecorderSink, Sink, Sinks
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +60,23 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SESSION].close()
 
 
-async def _recorder(app: web.Application) -> AsyncIterator[None]:
-    await app[APP_RECORDER].start()
+async def _sinks(app: web.Application) -> AsyncIterator[None]:
+    await app[APP_SINKS].start()
     yield
-    app[APP_LATER].flush(close=True)  # records still being completed go to the recorder first
-    await app[APP_RECORDER].close()
+    app[APP_LATER].flush(close=True)  # records still being completed go to the sinks first
+    await app[APP_SINKS].stop()
 
 
-def build_app(config: Config, recorder: Recorder) -> web.Application:
+def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ()) -> web.Application:
+    """The proxy; every finished exchange goes to `recorder`, then to each of `sinks`."""
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
+    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks])
     app[APP_LATER] = Later()
     app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)
-    app.cleanup_ctx.append(_recorder)
+    app.cleanup_ctx.append(_sinks)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_route("*", "/{tail:.*}", forward)
@@ -91,12 +95,12 @@ def make_runner(app: web.Application, config: Config) -> web.AppRunner:
 
 
 def _tune_gc() -> None:
-    """Tune the cyclic garbage collector for a long-running server (measured in bench/).
+    """Tune the cyclic garbage collector for a long-running server (docs/performance.md).
 
     Everything alive after start-up (SQLAlchemy, alembic, aiohttp and their caches) lives as
     long as the process: `gc.freeze()` takes it out of every later collection. Each exchange
     allocates many short-lived containers, so young collections run every 20,000 allocations
-    instead of 700; together this saved 25-40 us of CPU per request at concurrency 8.
+    instead of 700.
     """
     gc.collect()
     gc.freeze()

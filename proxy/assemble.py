@@ -312,6 +312,11 @@ class ChatAssembler:
         """The last non-null usage the stream reported (vLLM may report it on every chunk)."""
         return self._usage
 
+    @property
+    def error(self) -> Any:
+        """Chat streams report errors only as `error` events, which the reader sees itself."""
+        return None
+
     def result(self) -> dict[str, Any]:
         """The `chat.completion` so far; a fresh object on every call."""
         out: dict[str, Any] = {

@@ -1,5 +1,6 @@
 """Reassemblers for the streaming endpoints other than chat completions. Pure, like
-`assemble.py`, with the same surface: `add(event) -> bool`, `usage`, `result()`.
+`assemble.py`, with the same surface (`endpoints.Assembler`): `add(event) -> bool`, `usage`,
+`error`, `result()`.
 
 - `CompletionAssembler`: legacy `/completions` (`text_completion` chunks) into the object a
   non-streaming call returns.
@@ -31,6 +32,11 @@ class CompletionAssembler:
     @property
     def usage(self) -> Json | None:
         return self._usage
+
+    @property
+    def error(self) -> Any:
+        """Completion streams report errors only as `error` events."""
+        return None
 
     def add(self, chunk: Json) -> bool:
         for key in ("id", "created", "model"):

@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from .forward import error_response
+from .errors import error_response
 
 log = logging.getLogger(__name__)
 

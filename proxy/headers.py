@@ -1,9 +1,13 @@
-"""Which headers cross the proxy, in each direction, and what the control headers say."""
+"""Which headers cross the proxy, in each direction, and what the control headers and the API
+key say for the record."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -115,3 +119,22 @@ def control_headers(headers: Headers) -> Controls:
         elif what == "replay-of":
             controls.replay_of = value or None
     return controls
+
+
+def key_identity(headers: Any) -> tuple[str | None, str | None]:
+    """`key_hash` (SHA-256 hex prefix) and `key_hint` of the API key; the key never leaves."""
+    key: str | None = None
+    auth = headers.get("Authorization")
+    if auth:
+        scheme, _, credentials = auth.partition(" ")
+        key = credentials.strip() if scheme.lower() == "bearer" else auth.strip()
+    key = key or headers.get("api-key") or headers.get("x-api-key")
+    return _identify(key) if key else (None, None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _identify(key: str) -> tuple[str, str]:
+    """Clients send the same few keys over and over: hash each once."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    hint = f"{key[:3]}...{key[-4:]}" if len(key) >= 12 else "..."
+    return digest, hint

@@ -8,10 +8,14 @@ from aiohttp import web
 from .config import Config
 from .later import Later
 from .recorder import Recorder
+from .sinks import Sinks
 
 APP_CONFIG = web.AppKey("config", Config)
 APP_LATER = web.AppKey("later", Later)
 APP_READ_LATER = web.AppKey("read_later", Later)
 """Where the tees read what the client has: sooner than `APP_LATER`."""
 APP_RECORDER = web.AppKey("recorder", Recorder)
+"""The database (or memory) recorder, for `/readyz`; it is also the first of `APP_SINKS`."""
+APP_SINKS = web.AppKey("sinks", Sinks)
+"""Where every finished exchange goes."""
 APP_SESSION = web.AppKey("session", aiohttp.ClientSession)

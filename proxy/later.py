@@ -5,8 +5,8 @@ recorder) right after the last byte would put it in the way of the client's next
 client that sends requests back to back has its next one on the wire before that work is done,
 and the work then stands between that request and its upstream. `Later` runs such work in
 batches: a batch starts with the first work added and runs `delay` seconds after it (so later
-additions wait less), by which time the proxy is waiting on the upstream (bench/: what it did
-to the first byte of back-to-back streams).
+additions wait less), by which time the proxy is waiting on the upstream
+(docs/performance.md: the hot path's tricks).
 
 `flush()` runs everything still pending at once; the application calls it before the recorder
 closes, and from then on new work runs at once, so shutting down loses nothing.
@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 
 DELAY = 0.002
 """Seconds. Longer than a proxy takes to send a request on and relay the first byte of the
-answer (~0.5-1 ms on the bench's 2-core machine), far shorter than the recorder's batches."""
+answer, far shorter than the recorder's batches."""
 READ_DELAY = 0.0005
-"""Seconds before the tee reads pieces the client has (`StreamTee.feed_later`): longer than a
-local client takes to wake and read them (~0.1 ms on the bench's machine), shorter than most
-gaps between two events of a stream, so that reading one seldom delays the next."""
+"""Seconds before the tee reads pieces the client has (`StreamTee.relay`): longer than a local
+client takes to wake and read them, shorter than most gaps between two events of a stream, so
+that reading one seldom delays the next."""
 
 
 class Later:

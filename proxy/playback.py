@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .app import build_app, make_runner
 from .config import Config, Upstream
-from .forward import error_response
+from .errors import error_response
 from .keys import APP_CONFIG
 from .paths import mask_query, match_upstream
 from .recorder import MemoryRecorder, Recorder

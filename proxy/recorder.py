@@ -1,8 +1,8 @@
 """Where finished exchanges go.
 
-The forwarder hands every exchange, whatever its outcome, to one `Recorder` (`forward._conclude`).
-`record()` must never block the relay and never raise: the database recorder queues the
-exchange for a background writer.
+The forwarder hands every exchange, whatever its outcome, to its sinks (`sinks.py`); the recorder
+is the first of them (`sinks.RecorderSink`). `record()` must never block the relay and never
+raise: the database recorder queues the exchange for a background writer.
 """
 
 from __future__ import annotations

@@ -260,9 +260,10 @@ async def make_proxy(upstream: FakeUpstream) -> AsyncIterator[ProxyFactory]:
 
     async def start(**overrides: Any) -> RunningProxy:
         upstreams = overrides.pop("upstreams", (Upstream("openai", upstream.url, "/v1"),))
+        sinks = overrides.pop("sinks", ())
         config = replace(Config(), upstreams=upstreams, **overrides)
         recorder = MemoryRecorder()
-        app = build_app(config, recorder)
+        app = build_app(config, recorder, sinks=sinks)
         url, runner = await _serve(app, make_runner(app, config))
         runners.append(runner)
         return RunningProxy(url, recorder, config)

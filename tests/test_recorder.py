@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from proxy.config import Config
 from proxy.dbrecorder import DatabaseRecorder, open_recorder
 from proxy.exchange import Exchange
-from proxy.forward import key_identity
+from proxy.headers import key_identity
 from proxy.store import StoreError, create_engine, upgrade
 from proxy.store.lines import decode, encode
 

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from proxy.assemble import ChatAssembler
+from proxy.endpoints import endpoint
 from proxy.exchange import Exchange
 from proxy.later import Later
 from proxy.tee import StreamTee
@@ -327,11 +328,26 @@ async def test_malformed_chunks_never_break_the_relay_or_the_rest_of_the_record(
     assert (choice["message"]["content"], choice["finish_reason"]) == ("Hello", "stop")
 
 
+class Client:
+    """What the tee writes to: keeps the bytes, until it has gone."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.gone = False
+
+    async def write(self, data: bytes) -> None:
+        if self.gone:
+            raise ConnectionResetError("gone")
+        self.received += data
+
+
 def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> StreamTee:
     settings: dict[str, Any] = {"max_record_bytes": 1 << 20, **options}
+    client = settings.pop("client", None) or Client()
     return StreamTee(
         Exchange.start("POST", "/v1" + path, "", "openai"),
-        path=path,
+        client.write,
+        endpoint(path),
         encoding="",
         sse=sse,
         injected=withhold,
@@ -341,8 +357,10 @@ def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> Str
     )
 
 
-def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
-    return _tee("/chat/completions", sse=True, later=later, withhold=withhold, keep_raw=True)
+def _chat_tee(later: Later | None, *, withhold: bool, client: Client | None = None) -> StreamTee:
+    return _tee(
+        "/chat/completions", sse=True, later=later, withhold=withhold, keep_raw=True, client=client
+    )
 
 
 @pytest.mark.parametrize(
@@ -358,10 +376,10 @@ def _chat_tee(later: Later | None, *, withhold: bool) -> StreamTee:
         (b"data: [DONE]\n\n", True),
     ],
 )
-def test_what_may_go_out_before_it_is_parsed(piece: bytes, passes: bool) -> None:
+async def test_what_may_go_out_before_it_is_parsed(piece: bytes, passes: bool) -> None:
     tee = _chat_tee(None, withhold=True)
     assert tee.passes(piece) is passes
-    tee.feed(b'data: {"choices":[{"index":0,"delta":{"content":"a')  # an event half received
+    await tee.relay(b'data: {"choices":[{"index":0,"delta":{"content":"a')  # half an event
     assert not tee.passes(piece)  # nothing goes ahead of the bytes held back
 
 
@@ -381,44 +399,51 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
     when `Later` runs, in order, and times them by when they came."""
     later = Later(delay=0.05)
     before = time.perf_counter()
-    tee = _chat_tee(later, withhold=False)
+    client = Client()
+    tee = _chat_tee(later, withhold=False, client=client)
     pieces = [
         chunks_to_sse([_chunk("Hel")], done=False),
         chunks_to_sse([_chunk("lo")], done=False),
         chunks_to_sse([_chunk(None, finish_reason="stop")]),
     ]
-    tee.feed_later(pieces[0], delivered=True)
+    assert await tee.relay(pieces[0])
     came = time.perf_counter()
-    tee.feed_later(pieces[1], delivered=False)  # the client had gone: not counted as received
+    assert await tee.relay(pieces[1])
     exchange = tee.exchange
     assert (exchange.chunks, exchange.response_bytes, exchange.ttft_ms) == (0, 0, None)
     later.flush()  # what the timer does `delay` from now
-    assert exchange.chunks == 2 and exchange.response_bytes == len(pieces[0])
+    assert exchange.chunks == 2 and exchange.response_bytes == len(pieces[0] + pieces[1])
     assert exchange.ttft_ms is not None and exchange.ttft_ms <= (came - before) * 1000
 
-    tee.feed_later(pieces[2], delivered=True)
-    assert tee.end() == b""  # nothing was held back: the rest waits for `finish`
+    client.gone = True
+    assert not await tee.relay(pieces[2])  # not counted as received
+    await tee.end(whole=False)  # nothing was held back: the rest waits for `finish`
     tee.finish()  # before `Later` ran: reads what waits first
     assert exchange.chunks == 4  # the last chunk and [DONE]
     assert exchange.response_json["choices"][0]["message"]["content"] == "Hello"
-    assert gzip.decompress(exchange.raw_stream_gz or b"") == pieces[0] + pieces[2]
-    assert exchange.response_bytes == len(pieces[0]) + len(pieces[2])
-    assert (exchange.outcome, exchange.parse_errors) == ("ok", [])
+    assert gzip.decompress(exchange.raw_stream_gz or b"") == pieces[0] + pieces[1]
+    assert client.received == pieces[0] + pieces[1] and exchange.response_bytes == len(
+        client.received
+    )
+    assert (exchange.outcome, exchange.parse_errors) == ("client_disconnected", [])
 
 
 async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at() -> None:
-    tee = _chat_tee(Later(delay=60), withhold=True)
+    client = Client()
+    tee = _chat_tee(Later(delay=60), withhold=True, client=client)
     first = chunks_to_sse([_chunk("Hi")], done=False)
     assert tee.passes(first)
-    tee.feed_later(first, delivered=True)
+    await tee.relay(first)
     usage = chunks_to_sse([{**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}])
     half = usage[:20]
     assert tee.passes(first) and not tee.passes(usage)
-    assert tee.feed(half) == b""  # the usage event starts: held back
+    await tee.relay(half)
+    assert client.received == first  # the usage event starts: held back
     assert tee.exchange.chunks == 1  # the waiting piece was read first
     assert not tee.passes(first)  # in the middle of an event now
     # The body ends in the middle of the event: what was held goes out at once.
-    assert tee.end() == half
+    await tee.end(whole=True)
+    assert client.received == first + half
     tee.finish()
     assert tee.exchange.response_json["choices"][0]["message"]["content"] == "Hi"
 
@@ -432,9 +457,9 @@ async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
     monkeypatch.setattr(ChatAssembler, "add", broken)
     later = Later(delay=0.01)
     tee = _chat_tee(later, withhold=False)
-    tee.feed_later(chunks_to_sse([_chunk("Hi")]), delivered=True)
+    await tee.relay(chunks_to_sse([_chunk("Hi")]))
     later.flush()
-    tee.end()
+    await tee.end(whole=True)
     tee.finish()
     assert tee.exchange.outcome == "proxy_error"
     assert tee.exchange.error == "reading the body failed: RuntimeError: assembler bug"
@@ -444,8 +469,8 @@ async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
 async def test_an_event_the_end_of_the_body_completes_is_timed_when_the_body_ended() -> None:
     before = time.perf_counter()
     tee = _chat_tee(Later(delay=60), withhold=False)
-    tee.feed_later(chunks_to_sse([_chunk("Hi")], done=False).rstrip(b"\n") + b"\n", delivered=True)
-    assert tee.end() == b""
+    await tee.relay(chunks_to_sse([_chunk("Hi")], done=False).rstrip(b"\n") + b"\n")
+    await tee.end(whole=True)
     ended = time.perf_counter()
     await asyncio.sleep(0.05)  # the record is completed a while after the body ended
     tee.finish()
@@ -454,13 +479,13 @@ async def test_an_event_the_end_of_the_body_completes_is_timed_when_the_body_end
 
 
 @pytest.mark.parametrize("whole", [True, False], ids=["body-ended", "body-abandoned"])
-def test_a_client_that_left_after_the_whole_body_had_its_answer(whole: bool) -> None:
+async def test_a_client_that_left_after_the_whole_body_had_its_answer(whole: bool) -> None:
     """A body without a final event (a non-stream, a stream of unknown events) was answered
     whole when the upstream's body ended and every piece of it went to the client: the
     client leaving then (`write_eof` finds the socket reset) loses nothing."""
     tee = _tee("/files", sse=False)
-    tee.feed_later(b'{"id": "file-1"}', delivered=True)
-    tee.end(whole=whole)
+    await tee.relay(b'{"id": "file-1"}')
+    await tee.end(whole=whole)
     tee.exchange.outcome = "client_disconnected"
     tee.finish()
     assert tee.exchange.outcome == ("ok" if whole else "client_disconnected")
@@ -671,3 +696,23 @@ async def test_a_responses_stream_past_the_bound_keeps_its_usage_not_its_whole_o
     assert exchange.response_json["status"] == "completed"
     assert len(orjson.dumps(exchange.response_json)) < bound
     assert any("truncated" in note for note in exchange.parse_errors)
+
+
+async def test_a_stream_of_unknown_events_past_the_bound_keeps_only_the_events_before_it() -> None:
+    client = Client()
+    tee = _tee("/threads/runs", sse=True, max_stream_record_bytes=300, client=client)
+    events: list[dict[str, Any]] = [
+        {"object": "thread.run.step.delta", "n": n, "text": "x" * 60} for n in range(10)
+    ]
+    usage = {"total_tokens": 3}
+    events.append({"object": "thread.run", "usage": usage})  # past the bound: read, not kept
+    body = b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events)
+    for event in body.split(b"\n\n")[:-1]:
+        await tee.relay(event + b"\n\n")
+    await tee.end(whole=True)
+    tee.finish()
+    assert bytes(client.received) == body
+    kept = tee.exchange.response_json
+    assert 0 < len(kept) < len(events) - 1 and kept == events[: len(kept)]
+    assert tee.exchange.usage == usage
+    assert "larger than max_stream_record_bytes" in tee.exchange.parse_errors[-1]

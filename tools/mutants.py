@@ -43,14 +43,14 @@ class Mutant:
 MUTANTS = [
     Mutant(
         "withhold-every-usage-event",
-        "proxy/tee.py",
-        'if self.withhold and chunk.get("choices") == [] and chunk.get("usage"):',
-        'if self.withhold and chunk.get("usage"):',
+        "proxy/reader.py",
+        'if self._withhold and chunk.get("choices") == [] and chunk.get("usage"):',
+        'if self._withhold and chunk.get("usage"):',
         "vLLM's continuous usage: content chunks with usage withheld from the client",
     ),
     Mutant(
         "api-key-header-hint-whole",
-        "proxy/forward.py",
+        "proxy/headers.py",
         '    key = key or headers.get("api-key") or headers.get("x-api-key")\n',
         '    key = key or headers.get("api-key") or headers.get("x-api-key")\n'
         "    if key and not auth:\n"
@@ -59,14 +59,14 @@ MUTANTS = [
     ),
     Mutant(
         "short-key-hint-whole",
-        "proxy/forward.py",
+        "proxy/headers.py",
         'if len(key) >= 12 else "..."',
         "if len(key) >= 12 else key",
         "a key shorter than 12 characters stored whole as the hint",
     ),
     Mutant(
         "first-prefix-not-longest",
-        "proxy/forward.py",
+        "proxy/paths.py",
         "if best is None or len(prefix) > len(best[0].prefix):",
         "if best is None:",
         "overlapping upstream prefixes: the first match wins, not the longest",
@@ -74,8 +74,8 @@ MUTANTS = [
     Mutant(
         "readyz-always-200",
         "proxy/app.py",
-        "    if request.app[APP_RECORDER].ready():\n",
-        "    if True:\n",
+        '    if reason is None:\n        return web.json_response({"status": "ready"})',
+        '    if True:\n        return web.json_response({"status": "ready"})',
         "/readyz says ready while the record cannot keep up",
     ),
     Mutant(
@@ -94,7 +94,7 @@ MUTANTS = [
     ),
     Mutant(
         "silent-upstream-as-disconnect",
-        "proxy/forward.py",
+        "proxy/relay.py",
         '    except TimeoutError:\n        tee.exchange.outcome = "timeout"',
         '    except TimeoutError:\n        tee.exchange.outcome = "upstream_disconnected"',
         "an upstream gone silent mid-stream recorded as upstream_disconnected, not timeout",
@@ -108,17 +108,17 @@ MUTANTS = [
     ),
     Mutant(
         "max-record-bytes-body",
-        "proxy/tee.py",
+        "proxy/reader.py",
         "if len(self._body) + len(data) > self._max:",
         "if False:",
         "a response body larger than max_record_bytes recorded whole",
     ),
     Mutant(
         "max-record-bytes-events",
-        "proxy/tee.py",
-        "if self._events_size + size <= self._max:",
-        "if True:",
-        "a stream of unknown events larger than max_record_bytes recorded whole",
+        "proxy/reader.py",
+        "            if not self.truncated:\n                self._events.append(chunk)\n",
+        "            self._events.append(chunk)\n",
+        "a stream of unknown events larger than max_stream_record_bytes recorded whole",
     ),
     Mutant(
         "stored-id-check-removed-sqlite",
@@ -157,7 +157,7 @@ MUTANTS = [
     ),
     Mutant(
         "transcription-model-not-read",
-        "proxy/forward.py",
+        "proxy/record.py",
         'payload = form_fields(exchange.request_body, headers.get("Content-Type", ""), FORM_KEYS)',
         "pass",
         "a transcription's model (a form field) unread: model and cost null",

@@ -1,0 +1,71 @@
+"""Cutting the usage event the proxy asked for out of a stream, byte-exact.
+
+When the client did not ask for a stream's usage and the proxy asked for it
+(`stream_usage = "inject"`), the client must get the stream it would have got: without the usage
+event (`"choices": []` with a usage object) and without the `"usage":null` member the option
+adds to every other chunk. Only bytes that may hold that event wait to be parsed; the rest goes
+to the client as it comes (`StreamTee`).
+"""
+
+from __future__ import annotations
+
+import re
+
+_USAGE_VALUE = re.compile(rb'"usage"\s*:(?!\s*null)')
+"""A usage key whose value is not null: the only kind of event the proxy ever withholds."""
+_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null\b|"usage"\s*:\s*null\s*,\s*')
+"""A `"usage": null` member however spaced, with the comma that separates it."""
+
+
+def holds_usage(piece: bytes) -> bool:
+    """Whether `piece` has a usage key whose value is not null."""
+    return _USAGE_VALUE.search(piece) is not None
+
+
+def without_null_usage(events: bytes) -> bytes:
+    """Whole events with their `"usage":null` members removed. An upstream asked for stream
+    usage adds one to every chunk (OpenAI does); a client that did not ask gets the chunks
+    as they would have come without the option. A JSON string cannot hold `"usage"` with
+    unescaped quotes, so every match is a key."""
+    events = events.replace(b',"usage":null', b"")
+    if b'"usage"' in events:  # another spelling (or a usage object, which stays)
+        events = _NULL_USAGE.sub(b"", events)
+    return events
+
+
+class Withholder:
+    """Holds the bytes of the event being received, and drops the events it is told to."""
+
+    def __init__(self) -> None:
+        self._held = bytearray()
+        self._base = 0
+        """Stream offset of `_held[0]`."""
+        self._skip_lf = False
+        """A dropped event ended on CR; an LF right after it belongs to it (CRLF cut in two)."""
+
+    def release(self, piece: bytes, drops: list[tuple[int, int]], safe: int) -> bytes:
+        """Take `piece`; returns the bytes up to stream offset `safe` (where the event being
+        received starts) without the spans in `drops` and without `"usage":null` members."""
+        self._held += piece
+        out = bytearray()
+        for start, end in drops:
+            out += self._take(start)
+            dropped = self._held[: end - self._base]
+            del self._held[: end - self._base]
+            self._base = end
+            self._skip_lf = dropped.endswith(b"\r")
+        out += self._take(safe)
+        return without_null_usage(bytes(out))
+
+    def _take(self, upto: int) -> bytes:
+        n = upto - self._base
+        if n <= 0:
+            return b""
+        taken = bytes(self._held[:n])
+        del self._held[:n]
+        self._base = upto
+        if self._skip_lf:
+            self._skip_lf = False
+            if taken.startswith(b"\n"):
+                taken = taken[1:]
+        return taken
