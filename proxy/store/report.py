@@ -3,7 +3,7 @@
 `cost_report` is one SQL GROUP BY per call: `exchanges` joined with `usage` (and with `tags`
 for `--by tag:<k>` or `--tag` filters), aggregated by the database, so a report over millions
 of exchanges never brings a row into Python. `reprice` walks the stored exchanges by id in
-batches and re-prices each with today's table (`write.cost_for`, as the writer does).
+batches and re-prices each with today's table (`rows.cost_for`, as the writer does).
 
 What the report counts (the README's *Cost* section says it for users):
 
@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..pricing import PriceTable
 from . import tables as t
-from .write import cost_for
+from .rows import cost_for
 
 GROUPS = ("model", "key", "user", "day", "upstream")
 """`--by` values besides `tag:<key>`."""
