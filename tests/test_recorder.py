@@ -257,7 +257,7 @@ async def test_corrupt_spool_lines_are_set_aside(
     )
     recorder = await started(config(sqlite_db, tmp_path))
     recorder.record(good[2])  # lands after the cut line, not glued to it
-    with caplog.at_level(logging.WARNING, logger="flightrec.journal"):
+    with caplog.at_level(logging.WARNING, logger="proxy.store.journal"):
         await recorder.close()
     await assert_stored_once(sqlite_db, good)
     bad = (tmp_path / "records.spool.bad").read_bytes().splitlines()
