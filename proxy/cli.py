@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -18,6 +17,7 @@ from click.exceptions import NoArgsIsHelpError
 
 from . import config as config_mod
 from .config import Config, ConfigError
+from .logs import log_to_stderr
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,15 +44,6 @@ def load_config(config_path: str | None, **overrides: Any) -> Config:
         return config_mod.load(config_path, overrides=overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def log_to_stderr(level: str) -> None:
-    """The log of a server command (`serve`, `playback`)."""
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # alembic announces each of its plugins at info level on every start: noise in our log.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def user_errors(func: F) -> F:
@@ -344,11 +335,12 @@ def cost(
     """Spend per model, key, user, tag, day or upstream, with a total."""
     from .pricing import PriceTable
     from .store import read, report
+    from .store.filters import Filters
 
     cfg = load_config(config_path)
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
-    filters = report.Filters(since, until, model, key, tuple(tags))
+    filters = Filters(since, until, model, key, tuple(tags))
 
     async def run() -> tuple[report.Repriced | None, list[dict[str, Any]]]:
         async with read.reading(cfg.db_url) as engine:
@@ -391,11 +383,14 @@ def _filters(
     limit: int | None,
     originals_only: bool = False,
 ) -> Any:
-    from .store.scan import Filters
+    from .store.filters import Filters
 
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
-    return Filters(since, until, model, tuple(tags), limit, originals_only)
+    return Filters(
+        since, until, requested_model=model, tags=tuple(tags), limit=limit,
+        originals_only=originals_only,
+    )  # fmt: skip
 
 
 @main.command()
@@ -446,7 +441,7 @@ def replay(
     filters = _filters(since, None, from_model, tags, limit or 10, True) if selecting else None
     options = replay_mod.ReplayOptions(model, upstream_name, stream, concurrency, api_key_env)
     cfg = load_config(config_path)
-    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr("warning", timestamps=False)
     try:
         comparisons = asyncio.run(replay_mod.replay(cfg, list(ids), options, filters=filters))
     except replay_mod.ReplayError as exc:

@@ -26,7 +26,8 @@ from proxy.cli import main
 from proxy.dbrecorder import DatabaseRecorder
 from proxy.exchange import Exchange
 from proxy.store import create_engine, upgrade
-from proxy.store.report import Filters, cost_report, total, usd
+from proxy.store.filters import Filters
+from proxy.store.report import cost_report, total, usd
 
 from . import dbs
 from .conftest import FakeUpstream, Sdk, completion, start_site

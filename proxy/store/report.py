@@ -23,8 +23,7 @@ What the report counts (the README's *Cost* section says it for users):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -33,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..pricing import PriceTable
 from . import tables as t
+from .filters import Filters
 from .rows import cost_for
 
 GROUPS = ("model", "key", "user", "day", "upstream")
@@ -62,45 +62,6 @@ def parse_by(text: str) -> str:
     if value not in GROUPS:
         raise ValueError(f"expected one of {', '.join(GROUPS)} or tag:<key>, got {text!r}")
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """Which exchanges a report or a reprice covers; every given filter must match."""
-
-    since: datetime | None = None
-    """Exchanges started at or after this (UTC-aware)."""
-    until: datetime | None = None
-    """Exchanges started before this."""
-    model: str | None = None
-    """The requested or the answering model, exactly."""
-    key: str | None = None
-    """The key's hint (`sk-...a1b2`) or its hash, or a prefix of the hash."""
-    tags: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-
-    def where(self) -> list[sa.ColumnElement[bool]]:
-        ex = t.exchanges
-        found: list[sa.ColumnElement[bool]] = []
-        if self.since is not None:
-            found.append(ex.c.started_at >= self.since)
-        if self.until is not None:
-            found.append(ex.c.started_at < self.until)
-        if self.model is not None:
-            found.append(sa.or_(ex.c.model == self.model, ex.c.response_model == self.model))
-        if self.key is not None:
-            found.append(
-                sa.or_(
-                    ex.c.key_hint == self.key,
-                    ex.c.key_hash.startswith(self.key.lower(), autoescape=True),
-                )
-            )
-        for key, value in self.tags:
-            found.append(
-                sa.exists().where(
-                    t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
-                )
-            )
-        return found
 
 
 def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
