@@ -12,9 +12,8 @@ import asyncio
 from time import perf_counter
 
 WORK_BUDGET = 0.0002
-"""Seconds of background work between two turns given to the relay. Measured at concurrency 8
-and 1 (bench/): 0.1 ms cost ~5 % more CPU per request than 0.2 ms for ~1 ms less p99 latency;
-0.5 ms saved no more CPU and added ~1 ms to p99."""
+"""Seconds of background work between two turns given to the relay: shorter costs CPU per
+request, longer adds tail latency (docs/performance.md)."""
 
 
 class Turns:

@@ -106,10 +106,10 @@ def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int, path: str | None)
 
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        sqlite_pragmas(dbapi_connection, busy_timeout_ms=busy_timeout_ms, foreign_keys=True)
+        sqlite_pragmas(dbapi_connection, busy_timeout_ms=busy_timeout_ms)
 
 
-def sqlite_pragmas(con: Any, *, busy_timeout_ms: int, foreign_keys: bool) -> None:
+def sqlite_pragmas(con: Any, *, busy_timeout_ms: int) -> None:
     """The settings every flightrec connection to a SQLite file runs with (the engine's and
     the recorder's writer's): WAL, `synchronous=NORMAL`, new files with larger pages."""
     cursor = con.cursor()
@@ -122,7 +122,7 @@ def sqlite_pragmas(con: Any, *, busy_timeout_ms: int, foreign_keys: bool) -> Non
             cursor.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
             cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
-        cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
+        cursor.execute("PRAGMA foreign_keys = ON")
     finally:
         cursor.close()
 

@@ -81,8 +81,8 @@ def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
     if plain is not None:
         if dialect == "sqlite":
             # SQLite would walk the (column, started_at) index to get groups in order, one
-            # random table read per exchange: 3-5x slower than a scan and a sort. The same
-            # value wrapped in an expression is not indexed.
+            # random table read per exchange, slower than a scan and a sort
+            # (docs/performance.md). The same value wrapped in an expression is not indexed.
             return sa.func.coalesce(plain, sa.null()), source
         return plain, source
     # day, in UTC: SQLite stores UTC times as 'YYYY-MM-DD HH:MM:SS...' text.

@@ -148,9 +148,7 @@ class SqliteWriter:
                 self.path, timeout=0.0, isolation_level=None, check_same_thread=False
             )
             try:
-                # This connection only inserts, and only children of the exchanges it inserts
-                # in the same transaction: it skips the parent checks (docs/performance.md).
-                sqlite_pragmas(con, busy_timeout_ms=0, foreign_keys=False)
+                sqlite_pragmas(con, busy_timeout_ms=0)
                 con.execute("PRAGMA wal_autocheckpoint = 0")
                 con.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             except BaseException:
