@@ -89,6 +89,8 @@ class DatabaseRecorder:
         """The batch being written, kept until it is committed."""
         self._task: asyncio.Task[None] | None = None
         self._healthy = True
+        self.written = 0
+        """Exchanges this recorder stored (ids found stored already do not count)."""
         self._reason = ""
         self._retry_at = 0.0
         self._backoff = self.retry_min
@@ -141,6 +143,11 @@ class DatabaseRecorder:
         if len(self.backlog) > 0.9 * self._config.queue_size:
             return "queue saturated: the database writer is behind"
         return None
+
+    @property
+    def database_up(self) -> bool:
+        """False from a failed write until the next one succeeds."""
+        return self._healthy
 
     def ready(self) -> bool:
         return self.readiness() is None
@@ -271,7 +278,7 @@ class DatabaseRecorder:
     async def _transaction(self, rows: list[Rows]) -> None:
         if self._writer is None:
             raise RuntimeError("the recorder writes only once started")
-        await self._writer.write(rows)
+        self.written += await self._writer.write(rows)
 
     def _failed(self, reason: str) -> None:
         if self._healthy:
