@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,15 +30,7 @@ from .cli_options import (
     tag_option,
     user_errors,
 )
-
-
-def log_to_stderr(level: str) -> None:
-    """The log of a server command (`serve`, `playback`)."""
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # alembic announces each of its plugins at info level on every start: noise in our log.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+from .logs import log_to_stderr
 
 
 class OneLineErrors(click.Group):
@@ -188,7 +179,7 @@ def replay(
     filters = scan_filters(since, None, from_model, tags, limit or 10, True) if selecting else None
     options = replay_mod.ReplayOptions(model, upstream_name, stream, concurrency, api_key_env)
     cfg = load_config(config_path)
-    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr("warning", timestamps=False)
     try:
         comparisons = asyncio.run(replay_mod.replay(cfg, list(ids), options, filters=filters))
     except replay_mod.ReplayError as exc:

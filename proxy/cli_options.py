@@ -127,8 +127,11 @@ def scan_filters(
     limit: int | None,
     originals_only: bool = False,
 ) -> Any:
-    from .store.scan import Filters
+    from .store.filters import Filters
 
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
-    return Filters(since, until, model, tuple(tags), limit, originals_only)
+    return Filters(
+        since, until, requested_model=model, tags=tuple(tags), limit=limit,
+        originals_only=originals_only,
+    )  # fmt: skip

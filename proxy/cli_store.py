@@ -151,11 +151,12 @@ def cost(
     """Spend per model, key, user, tag, day or upstream, with a total."""
     from .pricing import PriceTable
     from .store import read, report
+    from .store.filters import Filters
 
     cfg = load_config(config_path)
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
-    filters = report.Filters(since, until, model, key, tuple(tags))
+    filters = Filters(since, until, model, key, tuple(tags))
 
     async def run() -> tuple[report.Repriced | None, list[dict[str, Any]]]:
         async with read.reading(cfg.db_url) as engine:

@@ -1,16 +1,15 @@
 """The database recorder: every exchange journaled on arrival, one background writer.
 
-`record()` puts the exchange in a short buffer that goes to the journal (`store.journal`) with
-one write a millisecond later, before and independent of the database; so the relay never
-waits on the database, and a crash, a stalled database or an expired shutdown grace loses
-nothing journaled. Journaled records also stay in memory, up to `queue_size`, for the writer.
+`record()` hands the exchange to the backlog (`store.backlog`), which journals it
+(`store.journal`) a millisecond later, before and independent of the database; so the relay
+never waits on the database, and a crash, a stalled database or an expired shutdown grace
+loses nothing journaled.
 
-One writer task works through the journal in order: from the in-memory copies while they are
-there (the usual case), from the file when they are not (after the queue overflowed, or after a
-restart). It takes up to `batch_size` records, waiting once for `batch_interval` while a batch
-fills, writes the batch in one transaction, then marks the journal committed up to it. A batch
-that fails for an outage is kept and tried again with exponential backoff. Writes are
-idempotent by exchange id (`store.write`), so what is written twice is stored once.
+One writer task works through the backlog in order. It takes up to `batch_size` records,
+waiting once for `batch_interval` while a batch fills, builds their rows (`store.rows`),
+writes them in one transaction (`store.writer`), then marks the journal committed up to them.
+A batch that fails for an outage is kept and tried again with exponential backoff. Writes are
+idempotent by exchange id, so what is written twice is stored once.
 
 When the journal refuses a record (full, disk full, not writable) the record is kept in memory
 only, up to `queue_size`, and still written to the database; what does not fit is lost. Both
@@ -26,31 +25,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .config import Config
 from .exchange import Exchange
 from .pricing import PriceTable
 from .store import check_writable
+from .store.backlog import Backlog, Batch
 from .store.engine import SQLITE_BUSY_TIMEOUT_MS, check_connection, create_engine, describe
-from .store.journal import Journal, Position
+from .store.journal import Journal
 from .store.lines import encode
 from .store.losses import Losses
 from .store.migrate import check_head, upgrade
 from .store.refused import refuses_record
-from .store.sqlite_writer import SqliteWriter
-from .store.write import Rows, rows_for, write_rows
+from .store.rows import Rows, rows_for
+from .store.writer import Writer, writer_for
 from .turns import Turns
 
-log = logging.getLogger("flightrec.recorder")
-
-JOURNAL_DELAY = 0.001
-"""Seconds records wait to be journaled together in one write."""
+log = logging.getLogger(__name__)
 PG_WRITE_COMMAND_TIMEOUT = 5.0
 """Seconds a PostgreSQL statement of the writer may take: a stalled server (connection open,
 no bytes) counts as an outage this soon. The CLI's engine keeps the longer default."""
@@ -68,10 +63,6 @@ class _Outage(Exception):
     """The database cannot take writes right now; carries the one-line reason."""
 
 
-Batch = tuple[list[Exchange], Position | None]
-"""Records to write and the journal position they end at (None: not journaled)."""
-
-
 class DatabaseRecorder:
     """Implements `proxy.recorder.Recorder` on SQLite or PostgreSQL."""
 
@@ -87,26 +78,19 @@ class DatabaseRecorder:
     ) -> None:
         self._config = config
         self._engine = engine
-        self._sqlite: SqliteWriter | None = None
-        with contextlib.suppress(Exception):  # start() reports a bad URL
-            url = make_url(config.db_url)
-            if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-                self._sqlite = SqliteWriter(url.database, busy_timeout_ms)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._writer: Writer | None = None
         # Config was validated at load, so this cannot raise for a Config from `config.load`.
         self._prices = PriceTable.load(config.prices)
         self.journal = Journal(config.spool_path, config.journal_max_bytes)
         self.losses = Losses(self.journal)
-        self._buffer: list[Exchange] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._fresh: deque[tuple[Position, Position, Exchange]] = deque()
-        """Journaled records still in memory: (start, end, exchange), in journal order."""
-        self._loose: deque[Exchange] = deque()
-        """Records the journal refused, kept in memory only."""
+        self.backlog = Backlog(self.journal, self.losses, config.queue_size)
         self._held: Batch | None = None
         """The batch being written, kept until it is committed."""
-        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._healthy = True
+        self.written = 0
+        """Exchanges this recorder stored (ids found stored already do not count)."""
         self._reason = ""
         self._retry_at = 0.0
         self._backoff = self.retry_min
@@ -135,15 +119,14 @@ class DatabaseRecorder:
         if self.journal.problem:
             log.warning("%s: records are kept in memory only until it is", self.journal.problem)
         self._engine = self.engine  # a malformed URL fails here, not inside the writer
+        self._writer = writer_for(self._engine, self._busy_timeout_ms)
         self._task = asyncio.create_task(self._run(), name="flightrec-writer")
 
     def record(self, exchange: Exchange) -> None:
         if self._closed:
             self._keep_after_close([exchange])
             return
-        self._buffer.append(exchange)
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(JOURNAL_DELAY, self._flush)
+        self.backlog.add(exchange)
 
     def readiness(self) -> str | None:
         """None while records reach the database without piling up; else why not."""
@@ -157,9 +140,14 @@ class DatabaseRecorder:
             waited = asyncio.get_running_loop().time() - self._writing_since
             if waited > STALLED_AFTER:
                 return f"database stalled: a write has waited {waited:.0f}s"
-        if len(self._fresh) + len(self._loose) > 0.9 * self._config.queue_size:
+        if len(self.backlog) > 0.9 * self._config.queue_size:
             return "queue saturated: the database writer is behind"
         return None
+
+    @property
+    def database_up(self) -> bool:
+        """False from a failed write until the next one succeeds."""
+        return self._healthy
 
     def ready(self) -> bool:
         return self.readiness() is None
@@ -169,10 +157,10 @@ class DatabaseRecorder:
         yet is written by the next start."""
         if self._task is None or self._closed:
             return
-        self._flush()
+        self.backlog.flush()
         self._closing = True
         self._last_try = True
-        self._wake.set()
+        self.backlog.arrived.set()
         _, running = await asyncio.wait({self._task}, timeout=self._config.shutdown_grace)
         if running:
             log.warning(
@@ -184,15 +172,15 @@ class DatabaseRecorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._closed = True
-        self._flush()
+        self.backlog.flush()
         self.losses.report(force=True)
-        loose = list(self._loose)
+        loose = self.backlog.only_in_memory()
         if self._held is not None and self._held[1] is None:
             loose += self._held[0]
         self.journal.close()
         self._keep_after_close(loose)
-        if self._sqlite is not None:
-            await self._sqlite.close()
+        if self._writer is not None:
+            await self._writer.close()
         if self._engine is not None:
             await self._engine.dispose()
 
@@ -202,35 +190,6 @@ class DatabaseRecorder:
         if exchanges and not self.journal.append_closed([encode(ex) for ex in exchanges]):
             self.losses.lost(exchanges)
             self.losses.report(force=True)
-
-    def _flush(self) -> None:
-        """Journal the buffered records in one write; keep them in memory for the writer."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._buffer:
-            return
-        buffered, self._buffer = self._buffer, []
-        try:
-            lines = [encode(ex) for ex in buffered]
-            ends = self.journal.append(lines)
-        except Exception:  # a bug must not cost the records: keep them for the writer
-            log.exception("journaling %d records failed", len(buffered))
-            lines, ends = [], None
-        room = self._config.queue_size - len(self._fresh) - len(self._loose)
-        if ends is None:
-            # Memory is for what is nowhere else: journaled copies make way (read back later).
-            while self._fresh and room < len(buffered):
-                self._fresh.pop()
-                room += 1
-            self._loose.extend(buffered[:room])
-            self.losses.kept_in_memory(buffered[:room])
-            self.losses.lost(buffered[room:])
-        else:
-            for ex, line, end in zip(buffered[: max(room, 0)], lines, ends, strict=False):
-                self._fresh.append(((end[0], end[1] - len(line)), end, ex))
-        self.losses.report()
-        self._wake.set()
 
     # The writer.
 
@@ -243,7 +202,8 @@ class DatabaseRecorder:
                 await asyncio.sleep(max(_FLOOR, self._retry_at - loop.time()))
                 continue
             try:
-                batch = self._held or await self._next_batch()
+                wait = 0.0 if self._closing else self._config.batch_interval
+                batch = self._held or await self.backlog.next_batch(self._config.batch_size, wait)
                 if batch is None:
                     await self._idle()
                     continue
@@ -261,60 +221,12 @@ class DatabaseRecorder:
             return False
         if not self._healthy and not self._last_try:
             return True  # the database is down: what is journaled waits for the next start
-        return self._held is None and not self._loose and not self._fresh and not self._behind()
-
-    def _behind(self) -> bool:
-        """Whether the journal holds records not committed yet."""
-        return self.journal.done < self.journal.end
+        return self._held is None and self.backlog.done()
 
     async def _idle(self) -> None:
-        self._wake.clear()
+        self.backlog.arrived.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), _IDLE)
-
-    async def _next_batch(self) -> Batch | None:
-        """The next batch: records the journal refused first, then the journal in order."""
-        size = self._config.batch_size
-        if (
-            not self._closing
-            and len(self._loose) + len(self._fresh) < size
-            and (self._loose or self._fresh)
-        ):
-            await asyncio.sleep(self._config.batch_interval)  # let the batch fill
-        if self._loose:
-            return [self._loose.popleft() for _ in range(min(size, len(self._loose)))], None
-        journal = self.journal
-        done = journal.done
-        if journal.limit(done) == done[1] and (following := journal.next_segment(done)):
-            journal.commit(following)  # a sealed segment read to its end: delete it
-            done = following
-        while self._fresh and self._fresh[0][1] <= done:
-            self._fresh.popleft()  # read from the file meanwhile
-        if self._fresh and self._fresh[0][0] == done:
-            batch: list[Exchange] = []
-            end = done
-            while self._fresh and len(batch) < size and self._fresh[0][0] == end:
-                _, end, ex = self._fresh.popleft()
-                batch.append(ex)
-            return batch, end
-        return await self._read(done, size)
-
-    async def _read(self, done: Position, size: int) -> Batch | None:
-        """The next batch from the journal file, up to the first record still in memory."""
-        limit = self.journal.limit(done)
-        if self._fresh and self._fresh[0][0][0] == done[0]:
-            limit = self._fresh[0][0][1] if limit is None else min(limit, self._fresh[0][0][1])
-        if limit is None or limit <= done[1]:
-            return None
-        f = self.journal.open_segment(done[0])
-        # Reading and decoding a batch of big records takes a while: off the event loop.
-        found, stop = await asyncio.to_thread(self.journal.read, f, done, limit, size)
-        batch = [ex for ex, _ in found]
-        end = (done[0], stop)
-        if not batch:
-            self.journal.commit(end)  # only lines that were not records
-            return None
-        return batch, end
+            await asyncio.wait_for(self.backlog.arrived.wait(), _IDLE)
 
     async def _deliver(self, batch: list[Exchange]) -> bool:
         """Write a batch; False when the database is unavailable (the batch is kept)."""
@@ -335,9 +247,8 @@ class DatabaseRecorder:
         return True
 
     async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
-        """Rows for a batch, built on the event loop's thread, giving the relay a turn every
-        `turns.WORK_BUDGET`. A worker thread would fight the loop for the GIL, which cost more
-        CPU per record than building the rows (bench/)."""
+        """Rows for a batch, built on the event loop's thread between turns given to the relay:
+        a worker thread would fight the loop for the GIL (docs/performance.md)."""
         turns = Turns()
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
@@ -366,11 +277,9 @@ class DatabaseRecorder:
                     self.journal.set_aside(ex, describe(single))
 
     async def _transaction(self, rows: list[Rows]) -> None:
-        if self._sqlite is not None:
-            await self._sqlite.write(rows)
-            return
-        async with self.engine.begin() as conn:
-            await write_rows(conn, rows)
+        if self._writer is None:
+            raise RuntimeError("the recorder writes only once started")
+        self.written += await self._writer.write(rows)
 
     def _failed(self, reason: str) -> None:
         if self._healthy:

@@ -29,7 +29,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .config import Upstream
 from .replay import relative_path
-from .store.scan import Filters, stream_records
+from .store.filters import Filters
+from .store.scan import stream_records
 
 FORMATS = ("jsonl", "csv", "har", "batch")
 BATCH_ENDPOINTS = (

@@ -30,8 +30,9 @@ from .config import Config, Upstream
 from .dbrecorder import open_recorder
 from .paths import match_upstream
 from .store.engine import StoreError
+from .store.filters import Filters
 from .store.read import get_exchange, reading
-from .store.scan import Filters, select_ids
+from .store.scan import select_ids
 
 
 class ReplayError(Exception):

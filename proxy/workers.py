@@ -17,6 +17,7 @@ from dataclasses import replace
 from types import FrameType
 
 from .config import Config
+from .logs import log_to_stderr
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,7 @@ def worker_config(config: Config, index: int) -> Config:
 def _worker(config: Config, index: int) -> None:
     from .app import run  # imported in the child process
 
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s",
-    )
+    log_to_stderr(config.log_level, prefix=f"worker-{index} ")
     asyncio.run(run(worker_config(config, index), reuse_port=True))
 
 

@@ -19,8 +19,22 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from proxy.exchange import Exchange
+from proxy.store import create_engine
+from proxy.store.rows import rows_for
+from proxy.store.writer import writer_for
 
 PG_ENV = "FLIGHTREC_TEST_PG_URL"
+
+
+async def store(url: str, exchanges: list[Exchange]) -> int:
+    """Write `exchanges` as the recorder does (its writer, one batch); returns how many were new."""
+    engine = create_engine(url)
+    writer = writer_for(engine)
+    try:
+        return await writer.write([rows_for(ex) for ex in exchanges])
+    finally:
+        await writer.close()
+        await engine.dispose()
 
 
 def sqlite_url(path: Path) -> str:

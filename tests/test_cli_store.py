@@ -12,12 +12,10 @@ from pathlib import Path
 import orjson
 
 from proxy.exchange import Exchange
-from proxy.store import create_engine
 from proxy.store.migrate import head
-from proxy.store.write import rows_for, write_rows
 
 from . import dbs
-from .dbs import chat_exchange, sqlite_url
+from .dbs import chat_exchange, sqlite_url, store
 
 pg_url = dbs.pg_url  # fixture
 
@@ -51,12 +49,7 @@ async def cli(*args: str, db_url: str | None = None, cwd: Path | None = None) ->
 
 
 async def record(url: str, exchanges: list[Exchange]) -> None:
-    engine = create_engine(url)
-    try:
-        async with engine.begin() as conn:
-            await write_rows(conn, [rows_for(ex) for ex in exchanges])
-    finally:
-        await engine.dispose()
+    await store(url, exchanges)
 
 
 async def test_upgrade_then_logs_and_show(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ from proxy.cli import main
 from proxy.dbrecorder import DatabaseRecorder
 from proxy.exchange import Exchange
 from proxy.store import create_engine, upgrade
-from proxy.store.report import Filters, cost_report, total, usd
-from proxy.store.write import rows_for, write_rows
+from proxy.store.filters import Filters
+from proxy.store.report import cost_report, total, usd
 
 from . import dbs
 from .conftest import FakeUpstream, Sdk, completion, start_site
@@ -392,12 +392,7 @@ async def test_reprice_applies_changed_config_prices(recorded: Recorded, tmp_pat
 
 async def write(url: str, exchanges: list[Exchange]) -> None:
     await upgrade(url)
-    engine = create_engine(url)
-    try:
-        async with engine.begin() as conn:
-            await write_rows(conn, [rows_for(ex) for ex in exchanges])
-    finally:
-        await engine.dispose()
+    await dbs.store(url, exchanges)
 
 
 async def report_rows(url: str, by: str, filters: Filters | None = None) -> list[dict[str, Any]]:

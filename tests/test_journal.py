@@ -179,14 +179,14 @@ async def test_a_full_journal_keeps_records_in_memory_and_says_so(
     size = len(encode(chat_exchange()))
     cfg = config(sqlite_db, tmp_path, journal_max_bytes=10 * size, queue_size=30)
     sent = [chat_exchange() for _ in range(60)]
-    with caplog.at_level(logging.WARNING, logger="flightrec"), SqliteLock(sqlite_db):
+    with caplog.at_level(logging.WARNING, logger="proxy"), SqliteLock(sqlite_db):
         recorder = await started(cfg, busy_timeout_ms=20)
         for ex in sent:
             recorder.record(ex)
             await asyncio.sleep(0.001)
         await wait_until(lambda: "full" in (recorder.readiness() or ""), within=5)
     assert recorder.losses.in_memory_total > 0 and recorder.losses.lost_total > 0
-    with caplog.at_level(logging.WARNING, logger="flightrec"):
+    with caplog.at_level(logging.WARNING, logger="proxy"):
         await recorder.close()
     lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert lost and all("journal_max_bytes" in m for m in lost)

@@ -27,8 +27,8 @@ import aiohttp
 import pytest
 
 from proxy.store import sqlite_writer, upgrade
+from proxy.store.rows import rows_for
 from proxy.store.sqlite_writer import SqliteWriter
-from proxy.store.write import rows_for
 
 from .conftest import FakeUpstream, reserved_port
 from .dbs import chat_exchange, sqlite_url
@@ -122,7 +122,7 @@ async def test_a_log_a_reader_keeps_growing_is_reported_once_a_minute(
     # after every batch.
     monkeypatch.setattr(sqlite_writer, "WAL_WARN_BYTES", 1_000_000)
     monkeypatch.setattr(sqlite_writer, "CHECKPOINT_EVERY", 0.0)
-    caplog.set_level(logging.INFO, logger="flightrec.recorder")
+    caplog.set_level(logging.INFO, logger="proxy.store.sqlite_writer")
     reader = sqlite3.connect(db_path, isolation_level=None)
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM exchanges").fetchone()  # holds its snapshot

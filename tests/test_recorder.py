@@ -166,9 +166,11 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
     await asyncio.to_thread(relay.cut)
     await wait_until(lambda: not recorder.ready())
     assert (recorder.readiness() or "").startswith("database unavailable")
+    assert not recorder.database_up
     await wait_until(lambda: uncommitted(recorder))
     await asyncio.to_thread(relay.resume)
     await wait_until(recorder.ready)
+    assert recorder.database_up
     await running
     await recorder.close()
     relay.close()
@@ -235,10 +237,12 @@ async def test_a_record_is_never_written_twice(db_url: str, tmp_path: Path) -> N
     for ex in sent + sent:
         recorder.record(ex)
     await recorder.close()
+    assert (recorder.written, recorder.database_up) == (5, True)
     again = await started(cfg)
     for ex in sent:
         again.record(ex)
     await again.close()
+    assert again.written == 0  # all found stored
     await assert_stored_once(db_url, sent, tokens=len(TOKENS))
     # Skipped as stored, not refused by the database and set aside.
     assert not (tmp_path / "records.spool.bad").exists()
@@ -258,7 +262,7 @@ async def test_corrupt_spool_lines_are_set_aside(
     )
     recorder = await started(config(sqlite_db, tmp_path))
     recorder.record(good[2])  # lands after the cut line, not glued to it
-    with caplog.at_level(logging.WARNING, logger="flightrec.journal"):
+    with caplog.at_level(logging.WARNING, logger="proxy.store.journal"):
         await recorder.close()
     await assert_stored_once(sqlite_db, good)
     bad = (tmp_path / "records.spool.bad").read_bytes().splitlines()

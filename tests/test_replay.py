@@ -12,8 +12,8 @@ from aiohttp import web
 
 from proxy.config import Upstream
 from proxy.replay import ReplayError, ReplayOptions, replay
+from proxy.store.filters import Filters
 from proxy.store.read import get_exchange, list_exchanges, reading
-from proxy.store.scan import Filters
 
 from . import dbs
 from .conftest import FakeUpstream, reserved_port
@@ -160,7 +160,7 @@ async def test_replay_selected_by_filter_skips_replays(
     answer_by_model(upstream)
     config = config_for(dbs.sqlite_url(tmp_path / "r.db"), upstream.url, tmp_path)
     recorded = await record_two(config)
-    select = Filters(limit=10, model="gpt-4o-mini", originals_only=True)
+    select = Filters(limit=10, requested_model="gpt-4o-mini", originals_only=True)
     options = ReplayOptions(concurrency=2)
     first = await replay(config, [], options, filters=select, env=ENV)
     second = await replay(config, [], options, filters=select, env=ENV)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import os
 import sqlite3
 import stat
@@ -16,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.engine import make_url
 
-from proxy.dbrecorder import DatabaseRecorder
 from proxy.store import sqlite_writer, upgrade
-from proxy.store.engine import SQLITE_PAGE_SIZE
+from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
+from proxy.store.rows import records, rows_for, table_rows
 from proxy.store.sqlite_writer import SqliteWriter
-from proxy.store.write import rows_for, sqlite_null, table_rows
+from proxy.store.writer import writer_for
 from proxy.turns import Turns
 
 from .dbs import chat_exchange, sqlite_url
@@ -79,13 +77,6 @@ async def test_an_existing_database_keeps_its_page_size_and_is_written(tmp_path:
         assert con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 1
 
 
-def test_sqlite_stores_the_fast_null_as_null() -> None:
-    # The writer binds NaN for None (cheaper in Python 3.11's sqlite3); if this SQLite stored it
-    # as anything but NULL the fast path would be off and None bound instead.
-    null = sqlite_null()
-    assert null is not None and math.isnan(null)
-
-
 async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) -> None:
     ex = chat_exchange(fingerprint=None)
     ex.response_json["choices"][0]["message"]["content"] = None  # a tool-call-only answer
@@ -98,12 +89,12 @@ async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) ->
     sent = dict(table_rows([rows]))
     assert len(sent) == 4  # exchanges, completions, choices, usage
     with contextlib.closing(sqlite3.connect(db_path)) as con:
-        for table, records in sent.items():
+        for table, found in sent.items():
             names = [c.name for c in table.columns]
             types = con.execute(
                 f"SELECT {', '.join(f'typeof({n})' for n in names)} FROM {table.name}"
             ).fetchone()
-            for name, value, stored in zip(names, records[0], types, strict=True):
+            for name, value, stored in zip(names, records(table, found)[0], types, strict=True):
                 if value is None:
                     assert stored == "null", f"{table.name}.{name}"
                 elif isinstance(value, bool):
@@ -146,13 +137,13 @@ async def test_a_big_batch_gives_the_loop_turns_while_it_is_written(
     monkeypatch.setattr(sqlite_writer, "Turns", lambda: Turns(budget=0.0))
     ticker = Ticker()
     turns_at_chunk: list[int] = []
-    inserts = vars(sqlite_writer)["sqlite_inserts"]  # the name the writer looks up
+    insert = sqlite_writer._insert
 
-    def watched(table: Any, rows: Any) -> Any:
+    def watched(con: Any, table: Any, rows: Any) -> None:
         turns_at_chunk.append(ticker.turns)
-        return inserts(table, rows)
+        insert(con, table, rows)
 
-    monkeypatch.setattr(sqlite_writer, "sqlite_inserts", watched)
+    monkeypatch.setattr(sqlite_writer, "_insert", watched)
     writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
     batch = [rows_for(chat_exchange(logprobs=["a", "b", "c"])) for _ in range(300)]
     try:
@@ -267,9 +258,19 @@ async def test_the_database_and_its_wal_files_are_private(tmp_path: Path) -> Non
     assert mode(kept) == 0o640
 
 
-def test_only_a_sqlite_file_gets_the_loop_thread_writer(tmp_path: Path) -> None:
-    on_file = DatabaseRecorder(config(sqlite_url(tmp_path / "a.db"), tmp_path))
-    assert on_file._sqlite is not None
-    assert make_url(on_file._config.db_url).database == on_file._sqlite.path
-    in_memory = DatabaseRecorder(config("sqlite+aiosqlite://", tmp_path))
-    assert in_memory._sqlite is None
+async def test_a_sqlite_file_gets_the_loop_thread_writer_and_memory_an_error(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.db"
+    engine = create_engine(sqlite_url(path))
+    try:
+        writer = writer_for(engine)
+        assert isinstance(writer, SqliteWriter) and writer.path == str(path)
+    finally:
+        await engine.dispose()
+    in_memory = create_engine("sqlite+aiosqlite://")
+    try:
+        with pytest.raises(StoreError, match="not a database in memory"):
+            writer_for(in_memory)
+    finally:
+        await in_memory.dispose()

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.exchange import Exchange
-from proxy.store import StoreError, create_engine, upgrade
+from proxy.store import StoreError, create_engine, pg_writer, sqlite_writer, upgrade
 from proxy.store import tables as t
 from proxy.store.read import (
     get_exchange,
@@ -23,7 +23,8 @@ from proxy.store.read import (
     parse_since,
     parse_tag,
 )
-from proxy.store.write import rows_for, write_rows
+from proxy.store.rows import columns, rows_for, table_rows
+from proxy.store.writer import writer_for
 
 from . import dbs
 from .dbs import chat_exchange
@@ -40,8 +41,11 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 async def write(engine: AsyncEngine, exchanges: list[Exchange]) -> int:
-    async with engine.begin() as conn:
-        return await write_rows(conn, [rows_for(ex) for ex in exchanges])
+    writer = writer_for(engine)
+    try:
+        return await writer.write([rows_for(ex) for ex in exchanges])
+    finally:
+        await writer.close()
 
 
 async def rows(engine: AsyncEngine, sql: str, **params: Any) -> list[Any]:
@@ -79,7 +83,7 @@ async def test_show_gives_back_what_was_recorded(engine: AsyncEngine) -> None:
 
 
 async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine) -> None:
-    # Rows are built as tuples in column order: a value in the wrong place must show here.
+    # Rows are built by column name: a value under the wrong name must show here.
     ex = chat_exchange(
         query="a=1", user="u-7", key_hash="ab" * 8, key_hint="sk-...a1b2", replay_of="r" * 36
     )
@@ -247,13 +251,27 @@ def _utc(value: str | datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-async def test_a_batch_is_written_in_the_callers_transaction(engine: AsyncEngine) -> None:
+def test_every_row_names_exactly_its_tables_columns() -> None:
+    ex = chat_exchange(tags={"team": "a"}, logprobs=["x"])
+    ex.raw_stream_gz, ex.raw_pacing = gzip.compress(b"data: [DONE]\n\n"), [(0, 1.0)]
+    built = dict(table_rows([rows_for(ex)]))
+    assert len(built) == 7  # the exchange and every child table
+    for table, found in built.items():
+        assert [list(row) for row in found] == [columns(table)] * len(found), table.name
+    fingerprint = rows_for(ex).fingerprint
+    assert fingerprint is not None and list(fingerprint) == columns(t.fingerprints)
+
+
+async def test_a_batch_that_fails_at_its_end_leaves_nothing(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fingerprint upsert runs last, after every insert of the batch: broken, it fails the
+    # one transaction, and none of the batch's rows stay.
     before = await counts(engine)
-    with pytest.raises(RuntimeError):
-        async with engine.begin() as conn:
-            batch = [rows_for(chat_exchange(logprobs=["a"])) for _ in range(3)]
-            assert await write_rows(conn, batch) == 3  # written, inside the transaction
-            raise RuntimeError("after the batch, before its commit")
+    for module in (pg_writer, sqlite_writer):
+        monkeypatch.setattr(module, "COUNT_FINGERPRINTS", "INSERT INTO no_such_table VALUES (1)")
+    with pytest.raises(Exception, match="no_such_table"):
+        await write(engine, [chat_exchange(logprobs=["a"]) for _ in range(3)])
     assert await counts(engine) == before
     assert await rows(engine, "SELECT count(*) FROM fingerprints") == [(0,)]
 

@@ -123,15 +123,15 @@ MUTANTS = [
     Mutant(
         "stored-id-check-removed-sqlite",
         "proxy/store/sqlite_writer.py",
-        "return [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]",
-        "return list(by_id.values())",
+        "fresh = not_stored(by_id, _stored_ids(con, list(by_id)))",
+        "fresh = not_stored(by_id, [])",
         "an exchange recorded twice (spool replay) written twice to SQLite",
     ),
     Mutant(
         "stored-id-check-removed-postgres",
-        "proxy/store/write.py",
-        "fresh = [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]",
-        "fresh = list(by_id.values())",
+        "proxy/store/pg_writer.py",
+        "fresh = not_stored(by_id, found.scalars())",
+        "fresh = not_stored(by_id, [])",
         "an exchange recorded twice (spool replay) written twice to PostgreSQL",
     ),
     Mutant(

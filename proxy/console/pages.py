@@ -19,8 +19,8 @@ from .. import export as export_mod
 from ..compare import compare, content_of
 from ..store import browse, detail, report, series
 from ..store.engine import StoreError
+from ..store.filters import Filters
 from ..store.read import get_exchange
-from ..store.scan import Filters as ScanFilters
 from . import auth, charts, params, views
 from .state import state
 
@@ -171,7 +171,7 @@ async def export_view(request: web.Request) -> web.StreamResponse:
     fmt = query.get("format", "")
     if fmt not in EXPORT_TYPES:
         raise params.BadParam("format", f"expected one of {', '.join(EXPORT_TYPES)}")
-    filters = ScanFilters(where=tuple(params.list_filters(query).where()))
+    filters = Filters(also=tuple(params.list_filters(query).where()))
     response = web.StreamResponse(
         headers={
             "Content-Type": EXPORT_TYPES[fmt],

@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 from multidict import MultiMapping
 
 from ..store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
+from ..store.filters import Filters
 from ..store.read import parse_since, parse_tag
-from ..store.report import Filters, parse_by
+from ..store.report import parse_by
 from ..store.series import parse_bucket
 
 T = TypeVar("T")

@@ -1,9 +1,10 @@
 """The store: schema, migrations, writing exchanges to rows and reading them back.
 
-`tables` declares the schema, `migrate` applies it with alembic, `write` turns exchanges into
-rows, `read` turns rows back into the `show --json` shape, `journal` holds every record on
-local disk until the database has it. The background writer that ties them together is
-`proxy.dbrecorder`.
+`tables` declares the schema, `migrate` applies it with alembic, `rows` turns exchanges into
+rows by column name, `sqlite_writer` and `pg_writer` write them (`writer` picks one),
+`read` turns rows back into the `show --json` shape, `journal` holds every record on local
+disk until the database has it and `backlog` feeds it to the writer. The background writer
+that ties them together is `proxy.dbrecorder`.
 """
 
 from .engine import StoreError, check_connection, check_writable, create_engine

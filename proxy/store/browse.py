@@ -3,7 +3,7 @@ list and `GET /api/exchanges`, plus the small reads the console's exchange page 
 
 One query serves every caller, so `logs --json` and the API print the same objects. Pages
 are cut by a cursor on (started_at, id), never by OFFSET: the millionth row costs what the
-first does. The filters are `report.Filters` (time range, model, key, tags: the same meaning
+first does. The filters are `filters.Filters` (time range, model, key, tags: the same meaning
 as in `flightrec cost`) plus the ones only a list needs.
 """
 
@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..exchange import Outcome
 from . import tables as t
+from .filters import Filters
 from .read import _iso, _tags
-from .report import Filters
 
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 MAX_LIMIT = 500

@@ -24,12 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PAGE_SIZE = 16_384
-"""Bytes per page of a new SQLite database (SQLite's default is 4,096). Records carry whole
-bodies, and every byte of one is written to the log at commit and copied again by the
-checkpoint, a system call per page each time: with 50 KB requests at concurrency 8, 16 KiB
-pages took `flightrec serve` from a median ~750 to ~600 µs of CPU per request (A/B, five
-alternating 4 s runs each; the bare relay ~320); small requests were unchanged. Only a new
-database takes it; an existing one keeps its page size (README: How records get there)."""
+"""Bytes per page of a new SQLite database (SQLite's default is 4,096): records carry whole
+bodies, and fewer, larger pages cut the system calls of commits and checkpoints
+(docs/performance.md). An existing database keeps its page size."""
 PG_CONNECT_TIMEOUT = 5.0
 PG_COMMAND_TIMEOUT = 60.0
 
@@ -109,14 +106,24 @@ def _sqlite_pragmas(engine: AsyncEngine, busy_timeout_ms: int, path: str | None)
 
     @event.listens_for(engine.sync_engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
+        sqlite_pragmas(dbapi_connection, busy_timeout_ms=busy_timeout_ms)
+
+
+def sqlite_pragmas(con: Any, *, busy_timeout_ms: int) -> None:
+    """The settings every flightrec connection to a SQLite file runs with (the engine's and
+    the recorder's writer's): WAL, `synchronous=NORMAL`, new files with larger pages."""
+    cursor = con.cursor()
+    try:
         # busy_timeout first: switching to WAL itself needs the lock another process may hold.
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        # A no-op unless the file is still empty; must come before WAL, which fixes it.
-        cursor.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA journal_mode")
+        if cursor.fetchone()[0].lower() != "wal":
+            # A no-op unless the file is still empty; must come before WAL, which fixes it.
+            cursor.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
+            cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
         cursor.close()
 
 

@@ -37,7 +37,7 @@ from ..exchange import Exchange
 from .engine import StoreError
 from .lines import decode, encode
 
-log = logging.getLogger("flightrec.journal")
+log = logging.getLogger(__name__)
 
 Position = tuple[int, int]
 """(segment number, byte offset): where a line starts or ends; compares in journal order."""

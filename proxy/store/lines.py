@@ -12,7 +12,7 @@ import orjson
 
 from ..exchange import Exchange
 from ..rawcopy import compress_whole
-from .write import stored_bodies
+from .bodies import stored_bodies
 
 _VERSION = 1
 _FIELDS = tuple(f.name for f in fields(Exchange))

@@ -13,7 +13,7 @@ import time
 from ..exchange import Exchange
 from .journal import Journal
 
-log = logging.getLogger("flightrec.recorder")
+log = logging.getLogger(__name__)
 
 EVERY = 1.0
 """Seconds between two warnings at most."""

@@ -106,7 +106,7 @@ async def list_exchanges(
     """`logs`: the first page of `browse.list_page` (the console's list), newest first.
     `model` matches the requested or the answering model exactly, as in `cost`."""
     from .browse import ListFilters, list_page
-    from .report import Filters
+    from .filters import Filters
 
     filters = ListFilters(Filters(since=since, model=model, tags=tuple(tags or ())))
     items, _next = await list_page(engine, filters, limit=limit)

@@ -3,7 +3,7 @@
 `cost_report` is one SQL GROUP BY per call: `exchanges` joined with `usage` (and with `tags`
 for `--by tag:<k>` or `--tag` filters), aggregated by the database, so a report over millions
 of exchanges never brings a row into Python. `reprice` walks the stored exchanges by id in
-batches and re-prices each with today's table (`write.cost_for`, as the writer does).
+batches and re-prices each with today's table (`rows.cost_for`, as the writer does).
 
 What the report counts (the README's *Cost* section says it for users):
 
@@ -23,8 +23,7 @@ What the report counts (the README's *Cost* section says it for users):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -33,7 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..pricing import PriceTable
 from . import tables as t
-from .write import cost_for
+from .filters import Filters
+from .rows import cost_for
 
 GROUPS = ("model", "key", "user", "day", "upstream")
 """`--by` values besides `tag:<key>`."""
@@ -64,45 +64,6 @@ def parse_by(text: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """Which exchanges a report or a reprice covers; every given filter must match."""
-
-    since: datetime | None = None
-    """Exchanges started at or after this (UTC-aware)."""
-    until: datetime | None = None
-    """Exchanges started before this."""
-    model: str | None = None
-    """The requested or the answering model, exactly."""
-    key: str | None = None
-    """The key's hint (`sk-...a1b2`) or its hash, or a prefix of the hash."""
-    tags: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-
-    def where(self) -> list[sa.ColumnElement[bool]]:
-        ex = t.exchanges
-        found: list[sa.ColumnElement[bool]] = []
-        if self.since is not None:
-            found.append(ex.c.started_at >= self.since)
-        if self.until is not None:
-            found.append(ex.c.started_at < self.until)
-        if self.model is not None:
-            found.append(sa.or_(ex.c.model == self.model, ex.c.response_model == self.model))
-        if self.key is not None:
-            found.append(
-                sa.or_(
-                    ex.c.key_hint == self.key,
-                    ex.c.key_hash.startswith(self.key.lower(), autoescape=True),
-                )
-            )
-        for key, value in self.tags:
-            found.append(
-                sa.exists().where(
-                    t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
-                )
-            )
-        return found
-
-
 def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
     """The expression to group on, and the FROM clause it needs."""
     ex, usage = t.exchanges, t.usage
@@ -120,8 +81,8 @@ def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
     if plain is not None:
         if dialect == "sqlite":
             # SQLite would walk the (column, started_at) index to get groups in order, one
-            # random table read per exchange: 3-5x slower than a scan and a sort. The same
-            # value wrapped in an expression is not indexed.
+            # random table read per exchange, slower than a scan and a sort
+            # (docs/performance.md). The same value wrapped in an expression is not indexed.
             return sa.func.coalesce(plain, sa.null()), source
         return plain, source
     # day, in UTC: SQLite stores UTC times as 'YYYY-MM-DD HH:MM:SS...' text.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gzip
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,49 +20,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import tables as t
 from .engine import StoreError, dumps
+from .filters import Filters
 from .read import _tags, exchange_record
 
 BATCH = 500
 
 
-@dataclass(frozen=True, slots=True)
-class Filters:
-    since: datetime | None = None
-    until: datetime | None = None
-    model: str | None = None
-    """The model the client requested, exactly."""
-    tags: tuple[tuple[str, str], ...] = ()
-    limit: int | None = None
-    originals_only: bool = False
-    """Leave out exchanges that are replays themselves."""
-    where: tuple[sa.ColumnElement[bool], ...] = ()
-    """More conditions, e.g. the console's list filters (`browse.ListFilters.where`)."""
-
-
-def _filtered(query: Any, filters: Filters) -> Any:
-    ex = t.exchanges
-    query = query.where(*filters.where)
-    if filters.since is not None:
-        query = query.where(ex.c.started_at >= filters.since)
-    if filters.until is not None:
-        query = query.where(ex.c.started_at < filters.until)
-    if filters.model is not None:
-        query = query.where(ex.c.model == filters.model)
-    if filters.originals_only:
-        query = query.where(ex.c.replay_of.is_(None))
-    for key, value in filters.tags:
-        query = query.where(
-            sa.exists().where(
-                t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
-            )
-        )
-    return query
-
-
 async def select_ids(engine: AsyncEngine, filters: Filters) -> list[str]:
     """Ids of the newest `filters.limit` matching exchanges, oldest first."""
     ex = t.exchanges
-    query = _filtered(sa.select(ex.c.id), filters).order_by(ex.c.started_at.desc(), ex.c.id.desc())
+    query = (
+        sa.select(ex.c.id).where(*filters.where()).order_by(ex.c.started_at.desc(), ex.c.id.desc())
+    )
     if filters.limit is not None:
         query = query.limit(filters.limit)
     async with engine.connect() as conn:
@@ -82,8 +50,11 @@ async def stream_records(
     if raw_streams:
         columns.append(raw.c.gz.label("raw_gz"))
         joined = joined.outerjoin(raw, raw.c.exchange_id == ex.c.id)
-    query = _filtered(sa.select(*columns).select_from(joined), filters).order_by(
-        ex.c.started_at, ex.c.id
+    query = (
+        sa.select(*columns)
+        .select_from(joined)
+        .where(*filters.where())
+        .order_by(ex.c.started_at, ex.c.id)
     )
     if filters.limit is not None:
         query = query.limit(filters.limit)

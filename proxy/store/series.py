@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import tables as t
-from .report import NANO, Filters, _group_column, cost_nano, is_unpriced, parse_by
+from .filters import Filters
+from .report import NANO, _group_column, cost_nano, is_unpriced, parse_by
 
 BUCKETS = ("hour", "day")
 

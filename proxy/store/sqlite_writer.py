@@ -1,10 +1,9 @@
 """The recorder's SQLite writes, made on the event loop's thread a few rows at a time.
 
-aiosqlite runs every statement on a worker thread. Under load the relay's thread and that
-worker traded the GIL for every statement and every bound row, and the trading cost more CPU
-than SQLite's own work: 60-70 us per exchange at concurrency 8 (bench/). SQLite inserts a few
-rows in a few microseconds, so this writer does the work on the loop's thread and gives the
-relay a turn every `turns.WORK_BUDGET`, as the recorder does while building rows.
+With aiosqlite every statement runs on a worker thread, and under load the relay's thread and
+that worker traded the GIL for every statement and every bound row, which cost more CPU than
+SQLite's own work (docs/performance.md). So this writer does the work on the loop's thread in
+small INSERTs and gives the relay a turn (`turns.Turns`) between them.
 
 Nothing here may hold the loop for long:
 - COMMIT, which writes the batch to the log, runs on a worker thread (one hop per batch);
@@ -17,8 +16,7 @@ Nothing here may hold the loop for long:
   growing is a warning at once, then at most once a minute: the log grows with every write
   until checkpoints work again.
 
-Writes are otherwise the same as `write.write_rows`: same rows, same statements, idempotent
-by exchange id.
+A batch is idempotent by exchange id: only exchanges not stored yet are inserted.
 """
 
 from __future__ import annotations
@@ -29,27 +27,34 @@ import logging
 import math
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from functools import cache
+from itertools import chain
+from typing import Any
+
+import sqlalchemy as sa
 
 from ..turns import Turns
-from .engine import SQLITE_PAGE_SIZE, create_private, describe
-from .write import (
-    SQLITE_COUNT_FINGERPRINTS,
-    Rows,
-    merged_fingerprints,
-    sqlite_fingerprint_params,
-    sqlite_inserts,
-    table_rows,
-    unique,
-)
+from . import tables as t
+from .engine import create_private, describe, sqlite_pragmas
+from .rows import Row, Rows, columns, merged_fingerprints, not_stored, records, table_rows, unique
 
-log = logging.getLogger("flightrec.recorder")
+log = logging.getLogger(__name__)
 
 CHUNK_ROWS = 64
 """Rows of a child table per INSERT; the writer may give the relay a turn after each."""
 FAT_CHUNK_ROWS = {"exchanges": 16, "raw_streams": 16}
-"""Tables whose rows carry whole bodies: fewer per INSERT (16 exchange rows take ~0.25 ms).
-Smaller INSERTs (4 exchange rows) cost ~5 % more CPU per request at concurrency 8 (bench/)."""
+"""Tables whose rows carry whole bodies: fewer per INSERT, so one holds the loop briefly;
+fewer still costs CPU per request (docs/performance.md)."""
+COUNT_FINGERPRINTS = """\
+INSERT INTO fingerprints (upstream, model, system_fingerprint, first_seen, last_seen, count)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
+    count = count + excluded.count,
+    first_seen = min(first_seen, excluded.first_seen),
+    last_seen = max(last_seen, excluded.last_seen)"""
+"""Columns in `tables.fingerprints` order; times are text that sorts as time, so min/max work."""
 CHECKPOINT_EVERY = 1.0
 """Seconds between WAL checkpoints while records are being written."""
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
@@ -143,15 +148,7 @@ class SqliteWriter:
                 self.path, timeout=0.0, isolation_level=None, check_same_thread=False
             )
             try:
-                if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                    con.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")  # if still empty
-                    con.execute("PRAGMA journal_mode = WAL")
-                con.execute("PRAGMA synchronous = NORMAL")
-                # This connection only inserts, and only children of the exchanges it inserts
-                # in the same transaction: checking each child's parent cost ~4 us per
-                # exchange (bench/). The engine's connections (the CLI's) keep them on, so deleting
-                # an exchange there still deletes its rows.
-                con.execute("PRAGMA foreign_keys = OFF")
+                sqlite_pragmas(con, busy_timeout_ms=0)
                 con.execute("PRAGMA wal_autocheckpoint = 0")
                 con.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             except BaseException:
@@ -173,17 +170,16 @@ class SqliteWriter:
         con = self._connection()
         await self._begin(con)
         try:
-            fresh = self._fresh(con, by_id)
+            fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
             turns = Turns()
             for table, rows in table_rows(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
                 for start in range(0, len(rows), size):
                     await turns.give()
-                    for sql, params in sqlite_inserts(table, rows[start : start + size]):
-                        con.execute(sql, params)
+                    _insert(con, table, rows[start : start + size])
             fingerprints = merged_fingerprints([r.fingerprint for r in fresh if r.fingerprint])
             if fingerprints:
-                con.executemany(SQLITE_COUNT_FINGERPRINTS, sqlite_fingerprint_params(fingerprints))
+                con.executemany(COUNT_FINGERPRINTS, _sqlite_records(t.fingerprints, fingerprints))
             await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)
@@ -219,17 +215,6 @@ class SqliteWriter:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.05)
-
-    @staticmethod
-    def _fresh(con: sqlite3.Connection, by_id: dict[str, Rows]) -> list[Rows]:
-        ids = list(by_id)
-        stored: set[str] = set()
-        for start in range(0, len(ids), 500):
-            part = ids[start : start + 500]
-            marks = ", ".join("?" * len(part))
-            found = con.execute(f"SELECT id FROM exchanges WHERE id IN ({marks})", part)
-            stored.update(row[0] for row in found)
-        return [rows for exchange_id, rows in by_id.items() if exchange_id not in stored]
 
     def _abandon(self, con: sqlite3.Connection, exc: BaseException) -> None:
         if con.in_transaction:
@@ -268,3 +253,61 @@ class SqliteWriter:
             with contextlib.suppress(Exception):
                 await self._checkpointing
         self._drop()
+
+
+def _stored_ids(con: sqlite3.Connection, ids: list[str]) -> list[str]:
+    """Which of `ids` the database holds (at most 500 placeholders a query)."""
+    stored: list[str] = []
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        marks = ", ".join("?" * len(part))
+        found = con.execute(f"SELECT id FROM exchanges WHERE id IN ({marks})", part)
+        stored.extend(row[0] for row in found)
+    return stored
+
+
+def _insert(con: sqlite3.Connection, table: sa.Table, rows: list[Row]) -> None:
+    """One multi-row INSERT, not executemany: sqlite3 gives up the GIL around every statement
+    step, and a step per row made the writer and the relay trade the GIL row by row."""
+    values = list(chain.from_iterable(_sqlite_records(table, rows)))
+    con.execute(_insert_sql(table, len(rows)), values)
+
+
+@cache
+def _insert_sql(table: sa.Table, count: int) -> str:
+    names = ", ".join(f'"{name}"' for name in columns(table))
+    row = "(" + ", ".join("?" * len(table.columns)) + ")"
+    return f'INSERT INTO "{table.name}" ({names}) VALUES ' + ", ".join([row] * count)
+
+
+def _sqlite_records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
+    """`records` with times as SQLAlchemy's SQLite DateTime text and booleans as 0 and 1."""
+    convert = _converters(table)
+    found = records(table, rows)
+    if not convert:
+        return found
+    converted = []
+    for record in found:
+        values = list(record)
+        for i, to_sqlite in convert:
+            if values[i] is not None:
+                values[i] = to_sqlite(values[i])
+        converted.append(tuple(values))
+    return converted
+
+
+@cache
+def _converters(table: sa.Table) -> list[tuple[int, Callable[[Any], Any]]]:
+    return [
+        (i, sqlite_time if isinstance(c.type, sa.DateTime) else int)
+        for i, c in enumerate(table.columns)
+        if isinstance(c.type, sa.DateTime | sa.Boolean)
+    ]
+
+
+def sqlite_time(value: datetime) -> str:
+    """A time as SQLAlchemy's SQLite DateTime stores it (UTC wall clock, always with
+    microseconds: "2024-05-01 12:00:00.000000"), so reads parse it back."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]  # [:26] cuts "+00:00"

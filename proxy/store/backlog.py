@@ -1,0 +1,134 @@
+"""The records waiting for the database writer, in the order the writer takes them.
+
+`add()` buffers a record; one write a millisecond later (`JOURNAL_DELAY`) appends the buffer
+to the journal, so the relay never waits on the disk or the database. Journaled records also
+stay in memory, up to `queue_size`, so the writer rarely reads the file back. Records the
+journal refuses (full, disk full, not writable) are kept in memory only and go first; what
+does not fit is lost, counted by `Losses`.
+
+`next_batch()` hands the writer up to `batch_size` records and the journal position they end
+at: from memory while the copies are there, else read back from the file (after the memory
+overflowed, or after a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+from ..exchange import Exchange
+from .journal import Journal, Position
+from .lines import encode
+from .losses import Losses
+
+log = logging.getLogger(__name__)
+
+JOURNAL_DELAY = 0.001
+"""Seconds records wait to be journaled together in one write."""
+
+Batch = tuple[list[Exchange], Position | None]
+"""Records to write and the journal position they end at (None: not journaled)."""
+
+
+class Backlog:
+    def __init__(self, journal: Journal, losses: Losses, queue_size: int) -> None:
+        self.journal = journal
+        self.losses = losses
+        self.queue_size = queue_size
+        self.arrived = asyncio.Event()
+        """Set when records were added; the writer clears it before it waits."""
+        self._buffer: list[Exchange] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._fresh: deque[tuple[Position, Position, Exchange]] = deque()
+        """Journaled records still in memory: (start, end, exchange), in journal order."""
+        self._loose: deque[Exchange] = deque()
+        """Records the journal refused, kept in memory only."""
+
+    def __len__(self) -> int:
+        """Records held in memory for the writer."""
+        return len(self._fresh) + len(self._loose)
+
+    def add(self, exchange: Exchange) -> None:
+        self._buffer.append(exchange)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(JOURNAL_DELAY, self.flush)
+
+    def flush(self) -> None:
+        """Journal the buffered records in one write; keep them in memory for the writer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._buffer:
+            return
+        buffered, self._buffer = self._buffer, []
+        try:
+            lines = [encode(ex) for ex in buffered]
+            ends = self.journal.append(lines)
+        except Exception:  # a bug must not cost the records: keep them for the writer
+            log.exception("journaling %d records failed", len(buffered))
+            lines, ends = [], None
+        room = self.queue_size - len(self)
+        if ends is None:
+            # Memory is for what is nowhere else: journaled copies make way (read back later).
+            while self._fresh and room < len(buffered):
+                self._fresh.pop()
+                room += 1
+            self._loose.extend(buffered[:room])
+            self.losses.kept_in_memory(buffered[:room])
+            self.losses.lost(buffered[room:])
+        else:
+            for ex, line, end in zip(buffered[: max(room, 0)], lines, ends, strict=False):
+                self._fresh.append(((end[0], end[1] - len(line)), end, ex))
+        self.losses.report()
+        self.arrived.set()
+
+    def only_in_memory(self) -> list[Exchange]:
+        """The records the journal does not hold, taken out (at shutdown)."""
+        loose = list(self._loose)
+        self._loose.clear()
+        return loose
+
+    def done(self) -> bool:
+        """Whether nothing is left to write: none in memory, the journal all committed."""
+        return not self._loose and not self._fresh and self.journal.done >= self.journal.end
+
+    async def next_batch(self, size: int, wait: float) -> Batch | None:
+        """The next batch: records the journal refused first, then the journal in order.
+        Waits `wait` seconds first when less than a batch is in memory, to let it fill."""
+        if wait and 0 < len(self) < size:
+            await asyncio.sleep(wait)
+        if self._loose:
+            return [self._loose.popleft() for _ in range(min(size, len(self._loose)))], None
+        journal = self.journal
+        done = journal.done
+        if journal.limit(done) == done[1] and (following := journal.next_segment(done)):
+            journal.commit(following)  # a sealed segment read to its end: delete it
+            done = following
+        while self._fresh and self._fresh[0][1] <= done:
+            self._fresh.popleft()  # read from the file meanwhile
+        if self._fresh and self._fresh[0][0] == done:
+            batch: list[Exchange] = []
+            end = done
+            while self._fresh and len(batch) < size and self._fresh[0][0] == end:
+                _, end, ex = self._fresh.popleft()
+                batch.append(ex)
+            return batch, end
+        return await self._read(done, size)
+
+    async def _read(self, done: Position, size: int) -> Batch | None:
+        """The next batch from the journal file, up to the first record still in memory."""
+        limit = self.journal.limit(done)
+        if self._fresh and self._fresh[0][0][0] == done[0]:
+            limit = self._fresh[0][0][1] if limit is None else min(limit, self._fresh[0][0][1])
+        if limit is None or limit <= done[1]:
+            return None
+        f = self.journal.open_segment(done[0])
+        # Reading and decoding a batch of big records takes a while: off the event loop.
+        found, stop = await asyncio.to_thread(self.journal.read, f, done, limit, size)
+        batch = [ex for ex, _ in found]
+        end = (done[0], stop)
+        if not batch:
+            self.journal.commit(end)  # only lines that were not records
+            return None
+        return batch, end

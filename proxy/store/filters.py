@@ -1,0 +1,62 @@
+"""Which exchanges a command covers: one set of filters for `cost`, `logs`, `replay`, `export`
+and the console, turned into SQL conditions in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from . import tables as t
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Every given filter must match."""
+
+    since: datetime | None = None
+    """Exchanges started at or after this (UTC-aware)."""
+    until: datetime | None = None
+    """Exchanges started before this."""
+    model: str | None = None
+    """The requested or the answering model, exactly (`cost --model`, the console)."""
+    key: str | None = None
+    """The key's hint (`sk-...a1b2`) or its hash, or a prefix of the hash."""
+    tags: tuple[tuple[str, str], ...] = ()
+    requested_model: str | None = None
+    """The model the client requested, exactly (`export --model`, `replay --from-model`)."""
+    originals_only: bool = False
+    """Leave out exchanges that are replays themselves."""
+    also: tuple[sa.ColumnElement[bool], ...] = ()
+    """More conditions, e.g. the console's list filters (`browse.ListFilters.where`)."""
+    limit: int | None = None
+    """At most this many, the newest (`scan.select_ids`, `scan.stream_records`)."""
+
+    def where(self) -> list[sa.ColumnElement[bool]]:
+        ex = t.exchanges
+        found = list(self.also)
+        if self.since is not None:
+            found.append(ex.c.started_at >= self.since)
+        if self.until is not None:
+            found.append(ex.c.started_at < self.until)
+        if self.model is not None:
+            found.append(sa.or_(ex.c.model == self.model, ex.c.response_model == self.model))
+        if self.requested_model is not None:
+            found.append(ex.c.model == self.requested_model)
+        if self.key is not None:
+            found.append(
+                sa.or_(
+                    ex.c.key_hint == self.key,
+                    ex.c.key_hash.startswith(self.key.lower(), autoescape=True),
+                )
+            )
+        if self.originals_only:
+            found.append(ex.c.replay_of.is_(None))
+        for key, value in self.tags:
+            found.append(
+                sa.exists().where(
+                    t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
+                )
+            )
+        return found

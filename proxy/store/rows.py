@@ -1,0 +1,363 @@
+"""Exchanges into rows: pure, no I/O. Each row is a dict keyed by its table's column names.
+
+`rows_for` builds every row of one exchange (the exchange, tags, completion, choices, usage,
+logprobs, raw stream, fingerprint count), priced with `cost_for`. Row building tolerates any
+JSON shape: a vendor's odd response loses its projection rows, never its record. The writers
+(`sqlite_writer`, `pg_writer`) take rows by name; `records` turns them into the drivers'
+tuples in the table's column order, the one place that order matters.
+
+Pricing is here, not in `pricing.py`, because it fills two columns by a storage rule (the
+answering model is priced, `price_entry`'s text); `flightrec cost --reprice` reuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+from operator import itemgetter
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..exchange import Exchange
+from ..pricing import Price, PriceTable
+from . import tables as t
+from .bodies import stored_bodies
+from .engine import dumps
+
+Row = dict[str, Any]
+"""One row: column name to value; JSON columns as text, times as aware datetimes."""
+_INT32 = 2**31
+_INT64 = 2**63
+
+
+@dataclass(slots=True)
+class Rows:
+    """One exchange's rows, by table."""
+
+    exchange: Row
+    tags: list[Row] = field(default_factory=list)
+    completions: list[Row] = field(default_factory=list)
+    choices: list[Row] = field(default_factory=list)
+    usage: list[Row] = field(default_factory=list)
+    logprobs: list[Row] = field(default_factory=list)
+    raw_streams: list[Row] = field(default_factory=list)
+    fingerprint: Row | None = None
+    """A `fingerprints` row counting this exchange once; the writers merge and upsert them."""
+
+    @property
+    def id(self) -> str:
+        return str(self.exchange["id"])
+
+
+def _int(value: Any, limit: int = _INT32) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and -limit <= value < limit:
+        return value
+    return None
+
+
+def _text(value: Any) -> str | None:
+    """A string for a text column. PostgreSQL text cannot hold NUL; the JSON copy keeps it."""
+    if not isinstance(value, str):
+        return None
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _json(value: Any) -> str | None:
+    """A JSON column's text; None stays SQL NULL."""
+    return None if value is None else dumps(value)
+
+
+def _body_json(parsed: Any, raw: bytes | None) -> str | None:
+    """A body's JSON column: the text it was parsed from when there is one (what was sent,
+    key order and spacing kept, and nothing serialised again), else the value serialised."""
+    if parsed is None:
+        return None
+    if raw is not None:
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:  # cannot be what a JSON parser accepted: not its source
+            pass
+    return dumps(parsed)
+
+
+@cache
+def shipped_prices() -> PriceTable:
+    """The price table as shipped, for callers that have no config."""
+    return PriceTable.load()
+
+
+def price_entry(price: Price) -> str:
+    """What `exchanges.price_entry` holds: the key and where its rates came from."""
+    return f"{price.key} ({price.source})"
+
+
+def cost_for(
+    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
+) -> tuple[float | None, str | None]:
+    """(`cost_usd`, `price_entry`) of one exchange; (None, None) when it cannot be priced.
+
+    The model that answered (`response_model`) is priced; the requested one only when the
+    response names none. A response model the table does not know stays unpriced rather than
+    being billed at the rates of the model that was asked for.
+    """
+    cost, price = prices.cost(response_model or model, usage)
+    if cost is None or price is None:
+        return None, None
+    return cost, price_entry(price)
+
+
+def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
+    """The rows of one exchange, priced with `prices` (default: the shipped table)."""
+    response = _dict(ex.response_json)
+    usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
+    rows = Rows(_exchange_row(ex, response, usage, prices or shipped_prices()))
+    exchange_id = ex.id
+    if ex.tags:
+        rows.tags = [
+            {"exchange_id": exchange_id, "key": _text(key), "value": _text(value) or ""}
+            for key, value in ex.tags.items()
+            if isinstance(key, str)
+        ]
+    if usage is not None:
+        rows.usage.append(usage_row(exchange_id, usage))
+    # Choices and logprobs are the response's content: an omitted response has none of them.
+    if _is_chat_completion(response) and not ex.omit_response:
+        _completion_rows(exchange_id, response, rows)
+    gz = stored_bodies(ex).raw_stream_gz
+    if gz is not None:
+        pacing = ex.raw_pacing
+        pacing_json = _json([list(p) for p in pacing] if isinstance(pacing, list) else None)
+        rows.raw_streams.append({"exchange_id": exchange_id, "gz": gz, "pacing": pacing_json})
+    row = rows.exchange
+    if row["system_fingerprint"] is not None:
+        rows.fingerprint = {
+            "upstream": row["upstream"],
+            "model": row["response_model"] or row["model"] or "",
+            "system_fingerprint": row["system_fingerprint"],
+            "first_seen": row["started_at"],
+            "last_seen": row["started_at"],
+            "count": 1,
+        }
+    return rows
+
+
+def _exchange_row(
+    ex: Exchange, response: dict[str, Any], usage: dict[str, Any] | None, prices: PriceTable
+) -> Row:
+    bodies = stored_bodies(ex)
+    model = _text(ex.model)
+    response_model = _text(ex.response_model) or _text(response.get("model"))
+    cost, entry = cost_for(prices, model, response_model, usage)
+    return {
+        "id": ex.id,
+        "started_at": datetime.fromtimestamp(ex.started_at, UTC),
+        "method": _text(ex.method) or "",
+        "path": _text(ex.path) or "",
+        "query": _text(ex.query) or "",
+        "upstream": _text(ex.upstream) or "",
+        "upstream_url": _text(ex.upstream_url) or "",
+        "status": _int(ex.status),
+        "stream": bool(ex.stream),
+        "model": model,
+        "response_model": response_model,
+        "outcome": _text(ex.outcome) or "ok",
+        "error": _text(ex.error),
+        "request": _body_json(bodies.request, ex.request_body),
+        "request_body": bodies.request_body,
+        "request_omitted": ex.omit_request,
+        "response": _body_json(bodies.response, ex.response_body),
+        "response_body": bodies.response_body,
+        "response_omitted": ex.omit_response,
+        "response_bytes": _int(ex.response_bytes, _INT64) or 0,
+        "content_type": _text(ex.content_type),
+        "ttfb_ms": _float(ex.ttfb_ms),
+        "ttft_ms": _float(ex.ttft_ms),
+        "duration_ms": _float(ex.duration_ms),
+        "chunks": _int(ex.chunks) or 0,
+        "upstream_request_id": _text(ex.upstream_request_id),
+        "key_hash": _text(ex.key_hash),
+        "key_hint": _text(ex.key_hint),
+        "end_user": _text(ex.user),
+        "replay_of": _text(ex.replay_of),
+        "usage_source": _text(ex.usage_source),
+        "system_fingerprint": _text(ex.system_fingerprint)
+        or _text(response.get("system_fingerprint")),
+        "parse_errors": _json(list(ex.parse_errors) or None),
+        "cost_usd": cost,
+        "price_entry": entry,
+    }
+
+
+def usage_row(exchange_id: str, usage: dict[str, Any]) -> Row:
+    """Every usage detail as a column; Chat Completions and Responses API names both map."""
+    prompt = _dict(usage.get("prompt_tokens_details")) or _dict(usage.get("input_tokens_details"))
+    completion = _dict(usage.get("completion_tokens_details")) or _dict(
+        usage.get("output_tokens_details")
+    )
+    prompt_tokens = _int(usage.get("prompt_tokens"))
+    if prompt_tokens is None:
+        prompt_tokens = _int(usage.get("input_tokens"))
+    completion_tokens = _int(usage.get("completion_tokens"))
+    if completion_tokens is None:
+        completion_tokens = _int(usage.get("output_tokens"))
+    return {
+        "exchange_id": exchange_id,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": _int(usage.get("total_tokens")),
+        "cached_tokens": _int(prompt.get("cached_tokens")),
+        "prompt_audio_tokens": _int(prompt.get("audio_tokens")),
+        "reasoning_tokens": _int(completion.get("reasoning_tokens")),
+        "completion_audio_tokens": _int(completion.get("audio_tokens")),
+        "accepted_prediction_tokens": _int(completion.get("accepted_prediction_tokens")),
+        "rejected_prediction_tokens": _int(completion.get("rejected_prediction_tokens")),
+        "raw": dumps(usage),
+    }
+
+
+def _is_chat_completion(response: dict[str, Any]) -> bool:
+    if response.get("object") == "chat.completion":
+        return True
+    found = response.get("choices")
+    return isinstance(found, list) and any("message" in _dict(c) for c in found)
+
+
+def _completion_rows(exchange_id: str, response: dict[str, Any], rows: Rows) -> None:
+    rows.completions.append(
+        {
+            "exchange_id": exchange_id,
+            "completion_id": _text(response.get("id")),
+            "object": _text(response.get("object")),
+            "created": _int(response.get("created"), _INT64),
+            "model": _text(response.get("model")),
+            "system_fingerprint": _text(response.get("system_fingerprint")),
+            "service_tier": _text(response.get("service_tier")),
+        }
+    )
+    found = response.get("choices")
+    seen: set[int] = set()
+    for position, raw in enumerate(found if isinstance(found, list) else []):
+        choice = _dict(raw)
+        index = _int(choice.get("index"))
+        index = position if index is None or index in seen else index
+        seen.add(index)
+        message = _dict(choice.get("message"))
+        rows.choices.append(
+            {
+                "exchange_id": exchange_id,
+                "choice_index": index,
+                "role": _text(message.get("role")),
+                "content": _text(message.get("content")),
+                "refusal": _text(message.get("refusal")),
+                "finish_reason": _text(choice.get("finish_reason")),
+                "tool_calls": _json(message.get("tool_calls")),
+                "function_call": _json(message.get("function_call")),
+                "audio": _json(message.get("audio")),
+            }
+        )
+        logprobs = _dict(choice.get("logprobs"))
+        for kind in ("content", "refusal"):
+            tokens = logprobs.get(kind)
+            if isinstance(tokens, list):
+                rows.logprobs.extend(_logprob_rows(exchange_id, index, kind, tokens))
+
+
+def _logprob_rows(exchange_id: str, index: int, kind: str, tokens: list[Any]) -> Iterable[Row]:
+    for position, raw in enumerate(tokens):
+        token = _dict(raw)
+        found_bytes = token.get("bytes")
+        found_top = token.get("top_logprobs")
+        yield {
+            "exchange_id": exchange_id,
+            "choice_index": index,
+            "kind": kind,
+            "position": position,
+            "token": _text(token.get("token")) or "",
+            "logprob": _float(token.get("logprob")),
+            "bytes": dumps(found_bytes) if isinstance(found_bytes, list) else None,
+            "top_logprobs": dumps(found_top) if isinstance(found_top, list) else None,
+        }
+
+
+def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
+    """The batch by exchange id, each id once (the first occurrence wins)."""
+    by_id: dict[str, Rows] = {}
+    for rows in batch:
+        by_id.setdefault(rows.id, rows)
+    return by_id
+
+
+def not_stored(by_id: dict[str, Rows], stored: Iterable[str]) -> list[Rows]:
+    """The batch's exchanges whose ids are not among `stored`: what a writer inserts.
+
+    Each writer asks its database which of `by_id` it holds, in the batch's transaction, so a
+    batch replayed after an unknown commit outcome writes nothing twice."""
+    known = set(stored)
+    return [rows for exchange_id, rows in by_id.items() if exchange_id not in known]
+
+
+_CHILDREN = (
+    (t.tags, "tags"),
+    (t.completions, "completions"),
+    (t.choices, "choices"),
+    (t.usage, "usage"),
+    (t.logprobs, "logprobs"),
+    (t.raw_streams, "raw_streams"),
+)
+
+
+def table_rows(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Row]]]:
+    """(table, rows) to insert for exchanges not stored yet, parents first, none empty."""
+    if fresh:
+        yield t.exchanges, [rows.exchange for rows in fresh]
+    for table, attr in _CHILDREN:
+        children = [row for rows in fresh for row in getattr(rows, attr)]
+        if children:
+            yield table, children
+
+
+def columns(table: sa.Table) -> list[str]:
+    """The table's column names in its declared order: the order of `records`' tuples."""
+    return _columns(table)[0]
+
+
+@cache
+def _columns(table: sa.Table) -> tuple[list[str], itemgetter[Any]]:
+    names = [column.name for column in table.columns]
+    return names, itemgetter(*names)
+
+
+def records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
+    """Rows as the drivers take them: tuples of the table's columns in declared order. A row
+    missing a column raises KeyError here rather than shifting its values."""
+    get = _columns(table)[1]
+    return [get(row) for row in rows]
+
+
+def merged_fingerprints(seen: list[Row]) -> list[Row]:
+    """One row per (upstream, model, fingerprint): counts summed, first and last seen kept.
+
+    Sorted by key: processes sharing a database lock fingerprint rows in the same order, so
+    concurrent batches wait for each other instead of deadlocking.
+    """
+    merged: dict[tuple[str, str, str], Row] = {}
+    for row in seen:
+        key = (row["upstream"], row["model"], row["system_fingerprint"])
+        if (known := merged.get(key)) is None:
+            merged[key] = dict(row)
+            continue
+        known["count"] += 1
+        known["first_seen"] = min(known["first_seen"], row["first_seen"])
+        known["last_seen"] = max(known["last_seen"], row["last_seen"])
+    return [merged[key] for key in sorted(merged)]

@@ -1,0 +1,33 @@
+"""The writer the recorder and the tests use for a database: SQLite's or PostgreSQL's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .engine import SQLITE_BUSY_TIMEOUT_MS, StoreError
+from .pg_writer import PgWriter
+from .rows import Rows
+from .sqlite_writer import SqliteWriter
+
+
+class Writer(Protocol):
+    async def write(self, batch: Sequence[Rows]) -> int:
+        """Write a batch in one transaction, each exchange id once however often it comes;
+        returns how many exchanges were new. Raises the driver's errors."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def writer_for(engine: AsyncEngine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> Writer:
+    """The writer for `engine`'s database: a SQLite file is written on its own connection, a
+    PostgreSQL database through the engine's pool."""
+    url = engine.url
+    if url.get_backend_name() != "sqlite":
+        return PgWriter(engine)
+    if url.database in (None, "", ":memory:"):
+        raise StoreError("records need a SQLite file, not a database in memory")
+    return SqliteWriter(url.database, busy_timeout_ms)
