@@ -29,13 +29,12 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from ..exchange import Exchange
 from .engine import StoreError
-from .lines import decode, encode
+from .lines import decode, encode, whole_lines
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +333,7 @@ class Journal:
         segment, offset = at
         with f:
             f.seek(offset)
-            for line in _lines(f, limit - offset):
+            for line in whole_lines(f, limit - offset):
                 offset += len(line)
                 if line.strip():
                     try:
@@ -394,12 +393,3 @@ class Journal:
                 os.close(fd)  # closing the lock file releases the flock
                 setattr(self, name, None)
 
-
-def _lines(f: BinaryIO, budget: int) -> Iterator[bytes]:
-    """Whole lines within the next `budget` bytes of `f` (a line cut by a crash counts as one)."""
-    while budget > 0:
-        line = f.readline(budget)
-        if not line:
-            return
-        budget -= len(line)
-        yield line

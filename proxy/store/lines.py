@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from dataclasses import fields
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -59,3 +60,13 @@ def decode(line: bytes) -> Exchange:
     if not isinstance(ex.id, str) or not isinstance(ex.started_at, int | float):
         raise ValueError("record without a valid id or started_at")
     return ex
+
+
+def whole_lines(f: BinaryIO, budget: int) -> Iterator[bytes]:
+    """Whole lines within the next `budget` bytes of `f` (a line cut by a crash counts as one)."""
+    while budget > 0:
+        line = f.readline(budget)
+        if not line:
+            return
+        budget -= len(line)
+        yield line
