@@ -103,6 +103,7 @@ async def exchange_view(request: web.Request) -> web.Response:
         ex=shown,
         replays=await browse.replays_of(engine, shown["id"]),
         messages=views.conversation(shown["request"]),
+        upload=isinstance(shown["request"], str) or views.is_binary(shown["request"]),
         answers=views.answers(shown["response"]),
         logprobs=views.logprob_view(probs["choices"]),
         timeline=views.timeline(await detail.timeline(engine, shown["id"])),
