@@ -150,7 +150,8 @@ async def test_hostile_content_is_text(guarded: tuple[Client, Seeded]) -> None:
     html = await (await client.get(f"/exchanges/{s.hostile.id}", headers=auth)).text()
     assert "&lt;script&gt;window.pwned = 1" in html
     assert html.count("<script") == 1  # the console's own, from /static
-    big = await (await client.get(f"/exchanges/{s.big.id}", headers=auth)).text()
+    path = f"/exchanges/{s.big.id}/text/request/0"
+    big = await (await client.get(path, headers=auth)).text()
     assert BIG in big
 
 

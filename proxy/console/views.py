@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 
 LOGPROB_CLASSES = 10
+SHOWN_CHARS = 20_000
+"""A longer message shows its beginning and links to a page with all of it."""
 
 
 def pretty_json(value: Any) -> str:
@@ -76,6 +78,15 @@ def message_view(message: Any) -> dict[str, Any]:
         "refusal": message.get("refusal"),
         "calls": _calls(message),
     }
+
+
+def cut(message: dict[str, Any], full_url: str) -> None:
+    """Shorten a long message's text in place, noting how much and where the whole is."""
+    text = message.get("content")
+    message["cut"] = None
+    if isinstance(text, str) and len(text) > SHOWN_CHARS:
+        message["content"] = text[:SHOWN_CHARS]
+        message["cut"] = {"shown": SHOWN_CHARS, "total": len(text), "url": full_url}
 
 
 def tokens(usage: Any) -> dict[str, Any] | None:
