@@ -126,3 +126,14 @@ async def test_a_long_message_shows_its_beginning_and_links_to_all_of_it(
     assert "Blue, grey and orange at dusk." in answer
     for wrong in ("request/1", "answer/9", "nowhere/0", "request/x"):
         await text(client, f"/exchanges/{s.big.id}/text/{wrong}", 404)
+
+
+async def test_the_cost_chart_says_unpriced_never_zero(site: tuple[Client, Seeded]) -> None:
+    client, s = site
+    page = html.unescape(await text(client, "/cost?by=model&bucket=hour"))
+    tips = [part.split("</title>")[0] for part in page.split("<title>")[2:]]
+    tips = [tip for tip in tips if not tip.endswith(" tokens")]  # the cost chart's bars
+    unpriced = [tip for tip in tips if "house-model-9" in tip]
+    assert unpriced and all(tip.endswith(": unpriced") for tip in unpriced), unpriced
+    priced = [tip for tip in tips if s.old.model in tip]
+    assert priced and all(": $" in tip for tip in priced), priced  # priced models keep dollars
