@@ -135,5 +135,5 @@ async def test_the_cost_chart_says_unpriced_never_zero(site: tuple[Client, Seede
     tips = [tip for tip in tips if not tip.endswith(" tokens")]  # the cost chart's bars
     unpriced = [tip for tip in tips if "house-model-9" in tip]
     assert unpriced and all(tip.endswith(": unpriced") for tip in unpriced), unpriced
-    priced = [tip for tip in tips if s.old.model in tip]
+    priced = [tip for tip in tips if str(s.old.model) in tip]
     assert priced and all(": $" in tip for tip in priced), priced  # priced models keep dollars
