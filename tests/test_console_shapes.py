@@ -141,6 +141,7 @@ async def test_a_responses_answer_is_rendered_by_item(shapes: tuple[Client, Shap
     assert "Answer in one line." in asked and "Weather in Paris?" in asked
     assert "call_0" in asked and "rain" in asked
     answer = section(page, "Answer")
+    assert answer.startswith("<h2>Answers (5 output items)</h2>"), answer[:40]
     assert "No answer" not in answer and "No choices" not in answer
     assert "Sunny in Paris, says the ocelot." in answer
     assert "Weighing the forecast" in answer and "reasoning" in answer
