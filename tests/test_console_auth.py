@@ -64,6 +64,44 @@ async def test_every_route_needs_the_token(
     assert (await client.get("/static/console.css")).status == 200
 
 
+@pytest.fixture
+async def open_console(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[tuple[Client, Seeded]]:
+    async for pair in seeded_client(aiohttp_client, sqlite_url(tmp_path / "open.db")):
+        yield pair
+
+
+async def test_without_a_token_only_a_loopback_host_is_answered(
+    open_console: tuple[Client, Seeded],
+) -> None:
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 must not
+    read the record through the visitor's browser."""
+    client, s = open_console
+    for host in ("evil.example:27401", "evil.example", "127.0.0.1.evil.example", "localhost.evil",
+                 "[::1]evil", "127.0.0.1:x", "10.0.0.1:8081"):  # fmt: skip
+        api = await client.get("/api/exchanges", headers={"Host": host})
+        assert api.status == 403, host
+        body = await api.json()
+        assert body["error"]["type"] == "forbidden_host" and s.stream.id not in str(body)
+        page = await client.get(f"/exchanges/{s.stream.id}", headers={"Host": host})
+        assert page.status == 403 and page.content_type == "text/plain", host
+        assert s.stream.id not in await page.text()
+    for host in ("127.0.0.1", "127.0.0.1:27401", "LOCALHOST:8081", "localhost", "[::1]",
+                 "[::1]:8081", "127.9.8.7:1"):  # fmt: skip
+        api = await client.get("/api/exchanges", headers={"Host": host})
+        assert api.status == 200, host
+        assert s.stream.id in str(await api.json())
+    assert (await client.get("/")).status == 200  # the client's own Host, 127.0.0.1:port
+
+
+async def test_with_a_token_the_host_is_left_alone(guarded: tuple[Client, Seeded]) -> None:
+    client, s = guarded
+    headers = {"Host": "console.example:443", "Authorization": f"Bearer {TOKEN}"}
+    response = await client.get("/api/exchanges", headers=headers)
+    assert response.status == 200 and s.stream.id in str(await response.json())
+    refused = await client.get("/api/exchanges", headers={"Host": "console.example"})
+    assert refused.status == 401
+
+
 async def test_login_sets_a_strict_httponly_cookie(guarded: tuple[Client, Seeded]) -> None:
     client, s = guarded
     bad = await client.post("/login", data={"token": "wrong", "next": "/cost"})
@@ -112,7 +150,8 @@ async def test_hostile_content_is_text(guarded: tuple[Client, Seeded]) -> None:
     html = await (await client.get(f"/exchanges/{s.hostile.id}", headers=auth)).text()
     assert "&lt;script&gt;window.pwned = 1" in html
     assert html.count("<script") == 1  # the console's own, from /static
-    big = await (await client.get(f"/exchanges/{s.big.id}", headers=auth)).text()
+    path = f"/exchanges/{s.big.id}/text/request/0"
+    big = await (await client.get(path, headers=auth)).text()
     assert BIG in big
 
 

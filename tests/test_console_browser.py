@@ -129,3 +129,17 @@ async def test_recorded_content_never_runs(page: Any, site: tuple[str, Seeded, s
     link = page.locator("a:text-is('click me')")
     assert await link.count() == 0  # the recorded <a> is text, not a link
     assert page.url.startswith(root) and dialogs == []
+
+
+async def test_a_logprob_tooltip_stays_on_screen(page: Any, site: tuple[str, Seeded, str]) -> None:
+    """The last token of a line sits near the right edge: its tooltip opens leftwards."""
+    root, s, _ = site
+    await page.set_viewport_size({"width": 220, "height": 700})
+    await page.goto(f"{root}/exchanges/{s.stream.id}")
+    tokens = page.locator(".tok")
+    assert await tokens.count() == 4
+    for n in range(4):
+        await tokens.nth(n).hover()
+        tip = tokens.nth(n).locator(".tip")
+        box = await tip.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 220, n

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
-from .console_data import Seeded, console_app, seeded_client, write
+from .console_data import BIG, Seeded, console_app, seeded_client, write
 from .dbs import chat_exchange, sqlite_url
 
 Client = TestClient[Any, Any]
@@ -102,3 +102,38 @@ async def test_fingerprints_page(site: tuple[Client, Seeded]) -> None:
     for fingerprint in ("fp_test", "fp_two", "fp_new"):
         assert f'href="/?fingerprint={fingerprint}' in page
     assert page.count("<rect") >= 3
+
+
+async def test_a_long_message_shows_its_beginning_and_links_to_all_of_it(
+    site: tuple[Client, Seeded],
+) -> None:
+    """A 1 MB prompt: the exchange page stays small (no raw JSON embedded, the message cut)
+    and links to the whole text and to the raw JSON."""
+    client, s = site
+    page = await text(client, f"/exchanges/{s.big.id}")
+    assert len(page.encode()) < 100_000
+    assert BIG not in page and BIG[:20_000] in page
+    assert "20,000 of 1,048,576 characters shown" in page
+    link = f"/exchanges/{s.big.id}/text/request/0"
+    assert f'href="{link}"' in page and f'href="/api/exchanges/{s.big.id}"' in page
+    whole = await text(client, link)
+    assert BIG in whole and "show all" not in whole
+    raw = await (await client.get(f"/api/exchanges/{s.big.id}")).json()
+    assert raw["request"]["messages"][0]["content"] == BIG
+    short = await text(client, f"/exchanges/{s.original.id}")
+    assert "show all" not in short and "Name three colours of the sky" in short
+    answer = await text(client, f"/exchanges/{s.original.id}/text/answer/0")
+    assert "Blue, grey and orange at dusk." in answer
+    for wrong in ("request/1", "answer/9", "nowhere/0", "request/x"):
+        await text(client, f"/exchanges/{s.big.id}/text/{wrong}", 404)
+
+
+async def test_the_cost_chart_says_unpriced_never_zero(site: tuple[Client, Seeded]) -> None:
+    client, s = site
+    page = html.unescape(await text(client, "/cost?by=model&bucket=hour"))
+    tips = [part.split("</title>")[0] for part in page.split("<title>")[2:]]
+    tips = [tip for tip in tips if not tip.endswith(" tokens")]  # the cost chart's bars
+    unpriced = [tip for tip in tips if "house-model-9" in tip]
+    assert unpriced and all(tip.endswith(": unpriced") for tip in unpriced), unpriced
+    priced = [tip for tip in tips if str(s.old.model) in tip]
+    assert priced and all(": $" in tip for tip in priced), priced  # priced models keep dollars

@@ -4,7 +4,9 @@ With a `console_token`, every route but `/login` and the package's own CSS and J
 `Authorization: Bearer <token>` or the session cookie `POST /login` sets (HttpOnly,
 SameSite=Strict). The cookie holds an HMAC of
 the token, never the token, and every comparison is constant-time. Without a token the console
-only binds to loopback (`check_bind`). The token is never logged.
+only binds to loopback (`check_bind`) and only answers requests whose `Host` is a loopback name
+(`loopback_host`), so a web page whose DNS name is rebound to 127.0.0.1 cannot read it. The
+token is never logged.
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def loopback_host(host: str | None) -> bool:
+    """Whether a `Host` header names this machine: `localhost`, `127.x.y.z` or `[::1]`, any port."""
+    if not host:
+        return False
+    host = host.strip().lower()
+    if host.startswith("["):
+        name, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not (port[:1] == ":" and port[1:].isdigit())):
+            return False
+        return name != "localhost" and is_loopback(name)
+    name, colon, port = host.partition(":")
+    if colon and not port.isdigit():
+        return False
+    return name == "localhost" or (name[:1].isdigit() and is_loopback(name))
+
+
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve the record to a network without a token."""
     if not token and not is_loopback(host):
@@ -88,13 +106,26 @@ def unauthorized_json() -> web.Response:
     return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
 
 
+def foreign_host(request: web.Request) -> web.Response:
+    message = "this console has no token, so it only answers requests for a loopback Host"
+    if is_api(request.path):
+        body = {"error": {"message": message, "type": "forbidden_host", "param": None}}
+        return web.json_response(body, status=403)
+    return web.Response(status=403, text=message + "\n")
+
+
 def make_auth_middleware(
     login_page: Callable[[web.Request, int], Awaitable[web.StreamResponse]],
 ) -> Middleware:
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         token = state(request).token
-        if not token or request.path == "/login" or authorized(request, token):
+        if not token:
+            # Without a token, a DNS-rebound name must not reach the record through a browser.
+            if not loopback_host(request.headers.get("Host")):
+                return foreign_host(request)
+            return await handler(request)
+        if request.path == "/login" or authorized(request, token):
             return await handler(request)
         if request.path in PUBLIC_ASSETS:
             return await handler(request)

@@ -39,26 +39,28 @@ def stacked_bars(found: dict[str, Any], metric: str) -> dict[str, Any] | None:
     """`metric`: `cost` (point[1]) or `tokens` (prompt + completion). None without data."""
     groups = [s["group"] for s in found["series"]]
     colour, legend = _legend(groups)
-    buckets: dict[str, list[tuple[Any, float]]] = {}
+    buckets: dict[str, list[tuple[Any, float, str]]] = {}
     for entry in found["series"]:
         for start, cost, _requests, prompt, completion in entry["points"]:
-            value = (cost or 0.0) if metric == "cost" else float(prompt + completion)
-            buckets.setdefault(start, []).append((entry["group"], value))
+            if metric == "tokens":
+                value = float(prompt + completion)
+                label = f"{value:,.0f} tokens"
+            else:  # a point's cost is None when all of its requests are unpriced
+                value, label = cost or 0.0, "unpriced" if cost is None else f"${cost:.6f}"
+            buckets.setdefault(start, []).append((entry["group"], value, label))
     if not buckets:
         return None
     starts = _every_bucket(sorted(buckets), found["bucket"])
-    peak = max(sum(v for _, v in bars) for bars in buckets.values()) or 1.0
+    peak = max(sum(v for _, v, _ in bars) for bars in buckets.values()) or 1.0
     step = (WIDTH - 2 * PAD) / len(starts)
     bar = max(1.0, step * 0.8)
     rects = []
     for i, start in enumerate(starts):
         top = float(HEIGHT - PAD)
-        for group, value in buckets.get(start, []):
+        for group, value, label in buckets.get(start, []):
             h = (HEIGHT - 2 * PAD) * value / peak
             top -= h
-            tip = f"{start[:13].replace('T', ' ')} {_label(group)}: " + (
-                f"${value:.6f}" if metric == "cost" else f"{value:,.0f} tokens"
-            )
+            tip = f"{start[:13].replace('T', ' ')} {_label(group)}: {label}"
             rects.append(
                 {"x": round(PAD + i * step, 1), "y": round(top, 1), "w": round(bar, 1),
                  "h": round(h, 1), "css": colour[group], "tip": tip}

@@ -93,24 +93,43 @@ async def list_view(request: web.Request) -> web.Response:
     )
 
 
+def _parts(shown: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "request": views.conversation(shown["request"]),
+        "answer": views.answers(shown["response"]),
+    }
+
+
 async def exchange_view(request: web.Request) -> web.Response:
     engine = state(request).db()
     shown = await get_exchange(engine, request.match_info["id"])
     probs = await detail.logprobs(engine, shown["id"])
+    parts = _parts(shown)
+    for side, found in parts.items():
+        for at, message in enumerate(found):
+            views.cut(message, f"/exchanges/{shown['id']}/text/{side}/{at}")
     return render(
         request,
         "exchange.html",
         ex=shown,
         replays=await browse.replays_of(engine, shown["id"]),
-        messages=views.conversation(shown["request"]),
-        answers=views.answers(shown["response"]),
+        messages=parts["request"],
+        upload=isinstance(shown["request"], str) or views.is_binary(shown["request"]),
+        answers=parts["answer"],
         logprobs=views.logprob_view(probs["choices"]),
         timeline=views.timeline(await detail.timeline(engine, shown["id"])),
-        request_json=views.pretty_json(shown["request"]),
-        response_json=views.pretty_json(shown["response"]),
-        usage_json=views.pretty_json(shown["usage"]) if shown["usage"] else None,
         tokens=views.tokens(shown["usage"]),
     )
+
+
+async def text_view(request: web.Request) -> web.Response:
+    """One message of an exchange in full, where the exchange page shows its beginning."""
+    shown = await get_exchange(state(request).db(), request.match_info["id"])
+    found = _parts(shown).get(request.match_info["side"], [])
+    at = request.match_info["at"]
+    if not at.isdigit() or int(at) >= len(found):
+        raise StoreError(f"exchange {shown['id']} has no such message")
+    return render(request, "text.html", ex=shown, m=found[int(at)])
 
 
 async def diff_view(request: web.Request) -> web.Response:
@@ -226,6 +245,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/", list_view)
     app.router.add_get("/exchanges/{id}", exchange_view)
     app.router.add_get("/exchanges/{id}/diff", diff_view)
+    app.router.add_get("/exchanges/{id}/text/{side}/{at}", text_view)
     app.router.add_get("/cost", cost_view)
     app.router.add_get("/fingerprints", fingerprints_view)
     app.router.add_get("/export", export_view)

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 
 LOGPROB_CLASSES = 10
+SHOWN_CHARS = 20_000
+"""A longer message shows its beginning and links to a page with all of it."""
 
 
 def pretty_json(value: Any) -> str:
@@ -78,6 +80,15 @@ def message_view(message: Any) -> dict[str, Any]:
     }
 
 
+def cut(message: dict[str, Any], full_url: str) -> None:
+    """Shorten a long message's text in place, noting how much and where the whole is."""
+    text = message.get("content")
+    message["cut"] = None
+    if isinstance(text, str) and len(text) > SHOWN_CHARS:
+        message["content"] = text[:SHOWN_CHARS]
+        message["cut"] = {"shown": SHOWN_CHARS, "total": len(text), "url": full_url}
+
+
 def tokens(usage: Any) -> dict[str, Any] | None:
     """Prompt (cached), completion (reasoning) counts of chat or Responses API usage."""
     if not isinstance(usage, dict):
@@ -102,23 +113,98 @@ def tokens(usage: Any) -> dict[str, Any] | None:
     return {"prompt": prompt, "completion": completion, "cached": cached, "reasoning": reasoning}
 
 
+def is_binary(body: Any) -> bool:
+    """A stored body that was not UTF-8 reads back as `{"base64": ...}`."""
+    return isinstance(body, dict) and list(body) == ["base64"]
+
+
 def conversation(request: Any) -> list[dict[str, Any]]:
-    """The request's messages (chat) or its prompt / input (other endpoints)."""
+    """The request's messages (chat), `instructions` and `input` (Responses API: a string or
+    items), or `prompt` / `input` (completions, embeddings, moderations)."""
     if not isinstance(request, dict):
         return []
     if isinstance(request.get("messages"), list):
         return [message_view(m) for m in request["messages"]]
-    for field in ("prompt", "input"):
-        if field in request:
-            return [message_view({"role": "user", "content": _text(request[field])})]
-    return []
+    out = []
+    if isinstance(request.get("instructions"), str):
+        out.append(message_view({"role": "system", "content": request["instructions"]}))
+    found = request.get("input")
+    if isinstance(found, list) and all(isinstance(item, dict) for item in found):
+        return out + [_item_view(item, "user") for item in found]
+    for name in ("prompt", "input"):
+        if name in request:
+            return [*out, message_view({"role": "user", "content": _text(request[name])})]
+    return out
+
+
+def _parts(content: Any, kind: str) -> str | None:
+    """The `kind` texts of a Responses content list (`refusal` parts hold `refusal`)."""
+    if not isinstance(content, list):
+        return None
+    key = "refusal" if kind == "refusal" else "text"
+    found = [p[key] for p in content if isinstance(p, dict) and p.get("type") == kind]
+    return "\n".join(str(text) for text in found) or None
+
+
+def _item_view(item: dict[str, Any], role: str) -> dict[str, Any]:
+    """One Responses API item (input or output) by its type; unknown types as JSON."""
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        view = message_view({"role": role, **item})
+        content = item.get("content")
+        if isinstance(content, list):
+            texts = [p for p in content if not (isinstance(p, dict) and p.get("type") == "refusal")]
+            view["content"] = _text(texts) or None
+            view["refusal"] = _parts(content, "refusal")
+        return view
+    if kind == "reasoning":
+        summary = _parts(item.get("summary"), "summary_text")
+        text = summary or _parts(item.get("content"), "reasoning_text")
+        return message_view({"role": "reasoning", "content": text or "(no summary)"})
+    if kind in ("function_call", "custom_tool_call"):
+        arguments = item.get("arguments", item.get("input", ""))
+        call = {"id": item.get("call_id"), "function": {"name": item.get("name"),
+                                                        "arguments": arguments}}  # fmt: skip
+        return message_view({"role": "assistant", "tool_calls": [call]})
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        output = item.get("output")
+        return message_view(
+            {"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(output)}
+        )
+    return message_view({"role": str(kind or "item"), "content": pretty_json(item)})
+
+
+def _embeddings(found: list[Any]) -> dict[str, Any]:
+    vectors = [d.get("embedding") for d in found if isinstance(d, dict)]
+    sizes = set()
+    for vector in vectors:
+        if isinstance(vector, list):
+            sizes.add(len(vector))
+        elif isinstance(vector, str):  # encoding_format=base64: float32 values
+            sizes.add(len(vector) * 3 // 4 // 4)
+    dimensions = ", ".join(str(n) for n in sorted(sizes)) or "?"
+    text = f"{len(vectors)} embedding{'' if len(vectors) == 1 else 's'} of {dimensions} dimensions"
+    return message_view({"role": "embeddings", "content": text})
 
 
 def answers(response: Any) -> list[dict[str, Any]]:
-    """Every choice of a chat completion (or a legacy completion's text), by index."""
-    found = response.get("choices") if isinstance(response, dict) else None
+    """Every choice of a chat or legacy completion (by index), a Responses API answer's
+    output items, a transcription's text, or a summary of embeddings."""
+    if not isinstance(response, dict):
+        return []
+    found = response.get("choices")
+    if not isinstance(found, list):
+        output = response.get("output")
+        if isinstance(output, list):
+            return [_item_view(item, "assistant") for item in output if isinstance(item, dict)]
+        if isinstance(response.get("text"), str):
+            return [message_view({"role": "transcript", "content": response["text"]})]
+        data = response.get("data")
+        if isinstance(data, list) and any(isinstance(d, dict) and "embedding" in d for d in data):
+            return [_embeddings(data)]
+        return []
     out = []
-    for choice in found if isinstance(found, list) else []:
+    for choice in found:
         if not isinstance(choice, dict):
             continue
         message = choice.get("message")

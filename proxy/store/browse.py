@@ -42,7 +42,8 @@ class ListFilters:
     replay_of: str | None = None
     """Only replays of this exchange."""
     q: str | None = None
-    """Text searched (case-insensitively for ASCII) in stored requests and answers."""
+    """Text searched (case-insensitively for ASCII) in stored requests and answers
+    (`_text_search`)."""
 
     def where(self) -> list[sa.ColumnElement[bool]]:
         ex = t.exchanges
@@ -69,18 +70,20 @@ class ListFilters:
 
 
 def _text_search(text: str) -> sa.ColumnElement[bool]:
-    """The words as typed, in the request JSON (prompts) or any choice's text (answers)."""
+    """The words as typed, in the request JSON (prompts) or the answer: a chat completion's
+    choice texts, or, for an exchange with no choice rows (Responses API, legacy completions,
+    transcriptions, ...), its stored response JSON."""
     ex, choices = t.exchanges, t.choices
     needle = text.lower()
 
     def has(column: Any) -> sa.ColumnElement[bool]:
         return sa.func.lower(column).contains(needle, autoescape=True)
 
-    in_answer = sa.exists().where(
-        choices.c.exchange_id == ex.c.id,
-        sa.or_(has(choices.c.content), has(choices.c.refusal)),
-    )
-    return sa.or_(has(sa.cast(ex.c.request, sa.Text)), in_answer)
+    of_this = choices.c.exchange_id == ex.c.id
+    in_answer = sa.exists().where(of_this, sa.or_(has(choices.c.content), has(choices.c.refusal)))
+    # Only without choice rows: a chat response's JSON would also match ids and field names.
+    in_other_answer = sa.and_(~sa.exists().where(of_this), has(sa.cast(ex.c.response, sa.Text)))
+    return sa.or_(has(sa.cast(ex.c.request, sa.Text)), in_answer, in_other_answer)
 
 
 def encode_cursor(started_at: str, exchange_id: str) -> str:
