@@ -82,7 +82,10 @@ def parse_with(
 def print_json(value: Any) -> None:
     import orjson
 
-    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+    from .terminal import json_printable
+
+    encoded = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    click.echo(json_printable(encoded.decode()))
 
 
 def _parse_tag(value: str) -> tuple[str, str]:

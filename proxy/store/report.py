@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..pricing import PriceTable
+from ..terminal import printable
 from . import tables as t
 from .write import cost_for
 
@@ -337,7 +338,7 @@ def as_table(rows: list[dict[str, Any]], by: str) -> str:
         line += [usd(row["cost_usd"]) or "-", f"{row['unpriced_requests']:,}"]
         return line
 
-    lines = [header, *(cells(row) for row in rows)]
+    lines = [header, *([printable(cell, cell=True) for cell in cells(row)] for row in rows)]
     summed = cells(total(rows))
     if by == "key":
         summed[1] = ""
