@@ -141,3 +141,18 @@ def chat_exchange(
         if f"{part}_json" in fields and f"{part}_body" not in fields:
             setattr(ex, f"{part}_body", None)
     return ex
+
+
+async def recorded(url: str, exchanges: list[Exchange]) -> None:
+    """A database at the newest schema holding `exchanges`, as the recorder writes them."""
+    from proxy.store import create_engine
+    from proxy.store.migrate import upgrade
+    from proxy.store.write import rows_for, write_rows
+
+    await upgrade(url)
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await write_rows(conn, [rows_for(ex) for ex in exchanges])
+    finally:
+        await engine.dispose()

@@ -12,11 +12,9 @@ from click.testing import CliRunner
 from proxy.cli import main
 from proxy.compare import compare, render
 from proxy.store import create_engine
-from proxy.store.migrate import upgrade
 from proxy.store.read import get_exchange
-from proxy.store.write import rows_for, write_rows
 
-from .dbs import chat_exchange, sqlite_url
+from .dbs import chat_exchange, recorded, sqlite_url
 
 CLIPBOARD = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2gK\x07"  # OSC 52: write the clipboard
 TITLE = "\x1b]0;pwned\x07"  # OSC 0: set the window title
@@ -25,7 +23,6 @@ SHOWN = ["\\x1b]52;c;", "\\x07", "\\x1b]0;pwned", "\\x1b[2J", "\\x9b31m", "\\x0d
 
 
 async def hostile_record(url: str) -> str:
-    await upgrade(url)
     ex = chat_exchange(
         model=f"m{CLIPBOARD}x",
         content=f"hi{TITLE}\x9b2J there\rover",
@@ -33,12 +30,7 @@ async def hostile_record(url: str) -> str:
         tags={"team": "a\rb\x1b[2J"},
     )
     ex.error = f"boom{CLIPBOARD}\r"
-    engine = create_engine(url)
-    try:
-        async with engine.begin() as conn:
-            await write_rows(conn, [rows_for(ex)])
-    finally:
-        await engine.dispose()
+    await recorded(url, [ex])
     return ex.id
 
 

@@ -312,12 +312,17 @@ def as_csv(rows: list[dict[str, Any]], by: str) -> str:
     import csv
     import io
 
+    from ..export import spreadsheet_text
+
     out = io.StringIO()
     columns = [*COLUMNS, "key_hint"] if by == "key" else list(COLUMNS)
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
         cells = {**row, "cost_usd": usd(row["cost_usd"])}
+        for text in ("group", "key_hint"):
+            if isinstance(cells.get(text), str):
+                cells[text] = spreadsheet_text(cells[text])
         writer.writerow(["" if cells[c] is None else cells[c] for c in columns])
     return out.getvalue()
 
