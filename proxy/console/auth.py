@@ -48,11 +48,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve the record to a network without a token."""
+def check_bind(host: str, token: str | None, where: str | None = None) -> None:
+    """Refuse to serve the record to a network without a token; `where` is the flag that set
+    `host`, if one did."""
     if not token and not is_loopback(host):
         raise ConfigError(
-            f"console_host: the console on {host} would be open to the network; set "
+            f"{where or 'console_host'}: the console on {host} would be open to the network; set "
             "console_token (or FLIGHTREC_CONSOLE_TOKEN), or bind it to 127.0.0.1"
         )
 
