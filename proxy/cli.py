@@ -109,10 +109,11 @@ def console(
     config_path: str | None, host: str | None, port: int | None, db_url: str | None
 ) -> None:
     """Serve the console (pages and JSON API) alone, against a database."""
-    cfg = load_config(config_path, console_host=host, console_port=port, db_url=db_url)
+    flags = {"console_host": "--host", "console_port": "--port"}
+    cfg = load_config(config_path, flags, console_host=host, console_port=port, db_url=db_url)
     from .console import check_bind, run_console
 
-    check_bind(cfg.console_host, cfg.console_token)
+    check_bind(cfg.console_host, cfg.console_token, "--host" if host is not None else None)
     log_to_stderr(cfg.log_level)
     asyncio.run(run_console(cfg))
 

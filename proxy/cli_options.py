@@ -7,7 +7,7 @@ commands) both use the same declarations.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -35,9 +35,13 @@ def db_option(func: F) -> F:
     return option(func)
 
 
-def load_config(config_path: str | None, **overrides: Any) -> Config:
+def load_config(
+    config_path: str | None, flags: Mapping[str, str] | None = None, **overrides: Any
+) -> Config:
+    """The config, with `overrides` from flags; `flags` names a key's flag where this
+    command's differs from `config.flag(key)`, so errors name what the user typed."""
     try:
-        return config_mod.load(config_path, overrides=overrides)
+        return config_mod.load(config_path, overrides=overrides, flags=flags)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -82,7 +86,10 @@ def parse_with(
 def print_json(value: Any) -> None:
     import orjson
 
-    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+    from .terminal import json_printable
+
+    encoded = orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    click.echo(json_printable(encoded.decode()))
 
 
 def _parse_tag(value: str) -> tuple[str, str]:

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from .terminal import printable
+
 _VOLATILE = frozenset({"id", "created", "model", "system_fingerprint", "usage", "service_tier"})
 """Response fields that differ between two identical answers."""
 
@@ -181,4 +183,4 @@ def render(comparisons: list[dict[str, Any]]) -> str:
         if c["diff"]:
             lines.append(c["diff"].rstrip("\n"))
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return printable("\n\n".join(blocks))

@@ -211,16 +211,17 @@ KEYS: dict[str, Key] = {
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
-about a value given by flag name the flag the user typed."""
+about a value given by flag name the flag the user typed. A command whose flags differ (the
+console's `--host` sets `console_host`) passes its own to `load`."""
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
 
 
-def flag(key: str) -> str:
-    """The command-line flag that sets config key `key`."""
-    return FLAGS.get(key, "--" + key.replace("_", "-"))
+def flag(key: str, flags: Mapping[str, str] | None = None) -> str:
+    """The command-line flag that sets config key `key` (`flags`: a command's own names)."""
+    return (flags or {}).get(key) or FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
@@ -267,11 +268,13 @@ def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> Config:
     """Build the config from a TOML file, the environment and flags, in that order.
 
     `path` falls back to `FLIGHTREC_CONFIG`. `overrides` are flag values (None = not given);
     the key `upstream` replaces the first upstream's base_url, as `FLIGHTREC_UPSTREAM` does.
+    `flags` names the flag of a key where the command's differs from `flag(key)`.
     """
     env = os.environ if env is None else env
     path = path or env.get(ENV_PREFIX + "CONFIG") or None
@@ -299,7 +302,7 @@ def load(
             values[key] = spec.parse(ENV_PREFIX + key.upper(), env_value)
     for key, value in (overrides or {}).items():
         if value is not None and key in KEYS:
-            values[key] = KEYS[key].parse(flag(key), value)
+            values[key] = KEYS[key].parse(flag(key, flags), value)
 
     config = replace(Config(), **values)
     if "upstreams" in raw:

@@ -95,6 +95,8 @@ class DatabaseRecorder:
         self._retry_at = 0.0
         self._backoff = self.retry_min
         self._writing_since: float | None = None
+        self._stall_said = False
+        """Whether the current write was logged as stalled."""
         self._closing = False
         self._last_try = False
         """Set by close(): one more try at the database even while backing off."""
@@ -232,6 +234,7 @@ class DatabaseRecorder:
         """Write a batch; False when the database is unavailable (the batch is kept)."""
         loop = asyncio.get_running_loop()
         self._writing_since = loop.time()
+        stall = loop.call_later(STALLED_AFTER, self._stalled)
         try:
             async with asyncio.timeout(WRITE_TIMEOUT):
                 await self._write(batch)
@@ -242,9 +245,16 @@ class DatabaseRecorder:
             self._failed(f"database stalled: a write took over {WRITE_TIMEOUT:.0f}s")
             return False
         finally:
+            stall.cancel()
             self._writing_since = None
         self._recovered()
         return True
+
+    def _stalled(self) -> None:
+        """Say once what `readiness()` says from now on, unless an outage was said already."""
+        if self._healthy:
+            self._stall_said = True
+            log.warning("database stalled: a write has waited %.0fs", STALLED_AFTER)
 
     async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
         """Rows for a batch, built on the event loop's thread between turns given to the relay:
@@ -284,6 +294,7 @@ class DatabaseRecorder:
     def _failed(self, reason: str) -> None:
         if self._healthy:
             log.warning("database unavailable (%s): records wait until it answers", reason)
+        self._stall_said = False  # the outage's recovery is said instead
         self._healthy = False
         self._reason = reason
         self._last_try = False
@@ -293,6 +304,9 @@ class DatabaseRecorder:
     def _recovered(self) -> None:
         if not self._healthy:
             log.info("database available again: writing the records that waited")
+        elif self._stall_said:
+            log.info("database answers again after a stall")
+        self._stall_said = False
         self._healthy = True
         self._backoff = self.retry_min
 

@@ -5,7 +5,8 @@ soon as it is read, so an export of any size holds one batch of rows in memory.
 
 - `jsonl`: one `show --json` object per line.
 - `csv`: one row per exchange (`CSV_COLUMNS`); JSON values (tags, request, response) as JSON
-  text, booleans as `true`/`false`, an empty cell for null.
+  text, booleans as `true`/`false`, an empty cell for null, and text a spreadsheet would run
+  as a formula (`=`, `+`, `-`, `@`, tab, CR first) behind a `'` (`spreadsheet_text`).
 - `har`: HAR 1.2, one entry per exchange: the request as it went upstream (no key, no cookie:
   they are never stored), the response as the client got it (a stream's exact bytes when they
   were kept), timings (`wait` = time to upstream headers, `receive` = the rest).
@@ -53,6 +54,15 @@ _JSON = orjson.OPT_NON_STR_KEYS
 Write = Callable[[bytes], Any]
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_text(text: str) -> str:
+    """A recorded text as a CSV cell: behind a `'` when a spreadsheet would read it as a
+    formula (`=HYPERLINK(...)`), as OWASP's CSV injection rule says. Numbers are not text."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
@@ -60,6 +70,8 @@ def _csv_cell(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, dict | list):
         return orjson.dumps(value, option=_JSON).decode()
+    if isinstance(value, str):
+        return spreadsheet_text(value)
     return str(value)
 
 

@@ -99,31 +99,27 @@ def _hides_dot_segment(segment: str) -> bool:
     return any(part.partition(";")[0] in (".", "..") for part in _SEPARATOR.split(segment))
 
 
-SECRET_PARAMETERS = frozenset(
-    {
-        "key",
-        "api_key",
-        "apikey",
-        "x_api_key",
-        "token",
-        "access_token",
-        "refresh_token",
-        "id_token",
-        "auth",
-        "authorization",
-        "password",
-        "passwd",
-        "secret",
-        "client_secret",
-        "sig",
-        "signature",
-        "x_amz_signature",
-        "x_amz_security_token",
-        "x_goog_signature",
-    }
+SECRET_NAMES = frozenset({"pass", "passphrase"})
+"""Normalised query parameter names (`_secret_name`) masked as they are."""
+SECRET_SUFFIXES = (
+    "key",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "signature",
+    "sig",
+    "credential",
+    "credentials",
+    "jwt",
+    "bearer",
+    "auth",
+    "authorization",
 )
-"""Query parameter names whose values are masked in the record (compared lower-cased, `-`
-read as `_`)."""
+"""Normalised names ending in one of these are masked: `accessToken`, `X-Goog-Api-Key`,
+`subscription-key`, `X-Amz-Credential`. A harmless name masked by mistake (`monkey`) costs a
+value in the record; a secret missed leaks it."""
 MASK = "***"
 
 
@@ -135,6 +131,16 @@ def mask_query(query: str) -> str:
     pairs = query.split("&")
     for at, pair in enumerate(pairs):
         name, equals, _ = pair.partition("=")
-        if equals and name.strip().lower().replace("-", "_") in SECRET_PARAMETERS:
+        if equals and _secret_name(name):
             pairs[at] = f"{name}={MASK}"
     return "&".join(pairs)
+
+
+_SEPARATORS = str.maketrans("", "", "-_. ")
+
+
+def _secret_name(name: str) -> bool:
+    """Whether a query parameter named `name` holds a secret: compared lower-cased without
+    `-`, `_`, `.` or spaces, so that `access_token`, `accessToken` and `Access-Token` agree."""
+    normal = name.lower().translate(_SEPARATORS)
+    return normal in SECRET_NAMES or normal.endswith(SECRET_SUFFIXES)

@@ -19,7 +19,7 @@ from proxy.exchange import Exchange
 from proxy.store import upgrade
 
 from .dbs import chat_exchange
-from .test_cli_store import record
+from .dbs import recorded as record
 
 HOSTILE = (
     "<script>window.pwned = 1; document.title = 'pwned'</script>"

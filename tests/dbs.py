@@ -155,3 +155,11 @@ def chat_exchange(
         if f"{part}_json" in fields and f"{part}_body" not in fields:
             setattr(ex, f"{part}_body", None)
     return ex
+
+
+async def recorded(url: str, exchanges: list[Exchange]) -> None:
+    """A database at the newest schema holding `exchanges`, as the recorder writes them."""
+    from proxy.store.migrate import upgrade
+
+    await upgrade(url)
+    await store(url, exchanges)

@@ -25,6 +25,10 @@ USAGE_ERRORS = [
     (["playback", "--db", "mysql://x"], "--db: expected"),
     (["serve", "--upstream", "ftp://x"], "--upstream: expected an http:// or https:// URL"),
     (["serve", "--port", "70000"], "--port: expected a port number"),
+    (["console", "--port", "99999"], "--port: expected a port number"),
+    (["console", "--port", "-5"], "--port: expected an integer >= 0"),
+    (["console", "--host", ""], "--host: expected a non-empty string"),
+    (["console", "--host", "0.0.0.0"], "--host: the console on 0.0.0.0 would be open"),
 ]
 
 
@@ -32,13 +36,14 @@ USAGE_ERRORS = [
     ("args", "names"), USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS]
 )
 def test_a_usage_error_is_one_line(args: list[str], names: str) -> None:
-    result = CliRunner().invoke(main, args, env={"FLIGHTREC_CONFIG": None})
+    env = {"FLIGHTREC_CONFIG": None, "FLIGHTREC_CONSOLE_TOKEN": None}
+    result = CliRunner().invoke(main, args, env=env)
     assert result.exit_code != 0
     assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("Error: ") and names in lines[0], lines[0]
-    assert "--db-url" not in lines[0]
+    assert "--db-url" not in lines[0] and "--console-" not in lines[0]
     assert result.stdout == ""
 
 

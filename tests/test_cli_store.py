@@ -11,11 +11,10 @@ from pathlib import Path
 
 import orjson
 
-from proxy.exchange import Exchange
 from proxy.store.migrate import head
 
 from . import dbs
-from .dbs import chat_exchange, sqlite_url, store
+from .dbs import chat_exchange, recorded, sqlite_url
 
 pg_url = dbs.pg_url  # fixture
 
@@ -48,10 +47,6 @@ async def cli(*args: str, db_url: str | None = None, cwd: Path | None = None) ->
     return Run(process.returncode, out.decode(), err.decode())
 
 
-async def record(url: str, exchanges: list[Exchange]) -> None:
-    await store(url, exchanges)
-
-
 async def test_upgrade_then_logs_and_show(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     upgraded = await cli("db", "upgrade", db_url=url)
@@ -60,7 +55,7 @@ async def test_upgrade_then_logs_and_show(tmp_path: Path) -> None:
 
     older = chat_exchange(started_at=1_700_000_000.0, tags={"team": "a"}, user="u-1")
     newer = chat_exchange(model="gpt-4o", logprobs=["a", "b"])
-    await record(url, [older, newer])
+    await recorded(url, [older, newer])
 
     # --config works as well as FLIGHTREC_DB_URL.
     config = tmp_path / "flightrec.toml"
@@ -136,7 +131,7 @@ async def test_bad_flags_are_usage_errors_without_traceback(tmp_path: Path) -> N
 async def test_upgrade_and_show_on_postgres(pg_url: str) -> None:
     assert (await cli("db", "upgrade", db_url=pg_url)).code == 0
     ex = chat_exchange(stream=True)
-    await record(pg_url, [ex])
+    await recorded(pg_url, [ex])
     shown = await cli("show", ex.id, "--json", db_url=pg_url)
     assert shown.code == 0, shown.err
     obj = orjson.loads(shown.out)

@@ -390,11 +390,6 @@ async def test_reprice_applies_changed_config_prices(recorded: Recorded, tmp_pat
     assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == TOTAL
 
 
-async def write(url: str, exchanges: list[Exchange]) -> None:
-    await upgrade(url)
-    await dbs.store(url, exchanges)
-
-
 async def report_rows(url: str, by: str, filters: Filters | None = None) -> list[dict[str, Any]]:
     engine = create_engine(url)
     try:
@@ -416,7 +411,7 @@ async def test_what_counts_as_unpriced(db_url: str) -> None:
     other.response_json = {**other.response_json, "model": "gpt-5.2"}
     for changed in (cut_short, failed, other):
         changed.response_body = None  # its JSON was changed here: no body text agrees with it
-    await write(db_url, [priced, cut_short, failed, listed, other])
+    await dbs.recorded(db_url, [priced, cut_short, failed, listed, other])
 
     rows = {row["group"]: row for row in await report_rows(db_url, "user")}
     summary = {u: (r["requests"], r["cost_usd"], r["unpriced_requests"]) for u, r in rows.items()}
@@ -444,7 +439,7 @@ async def test_groups_add_up_exactly_with_many_awkward_costs(db_url: str) -> Non
         prompt, completion = rng.randint(0, 50_000), rng.randint(0, 9_000)
         ex.usage = chat_usage(prompt, completion, cached=rng.randint(0, prompt))
         exchanges.append(ex)
-    await write(db_url, exchanges)
+    await dbs.recorded(db_url, exchanges)
     costs = [cost for cost, *_ in (await stored(db_url)).values() if cost is not None]
     exact = sum((Decimal(round(cost * 10**9)) for cost in costs), Decimal(0)) * Decimal("1e-9")
     for by in ("model", "key", "user", "tag:team", "day", "upstream"):

@@ -23,8 +23,8 @@ from proxy.store.scan import stream_records
 from . import dbs
 from .conftest import FakeUpstream
 from .dbs import chat_exchange
+from .dbs import recorded as write
 from .recordings import MESSAGES, Recorded, answer_by_model, cli, config_for, record_two
-from .test_cli_store import record as write
 
 db_url = dbs.db_url  # fixture
 BATCH_KEYS = {"custom_id", "method", "url", "body"}

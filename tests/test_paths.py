@@ -41,8 +41,38 @@ def test_dot_segments_are_resolved_or_refused(path: str, clean: str | None) -> N
         ("api-version=2024-06-01&api-key=abc", "api-version=2024-06-01&api-key=***"),
         ("API_KEY=abc&Token=def&x=1", "API_KEY=***&Token=***&x=1"),
         ("access_token=a%26b%3Dc&sig=s", "access_token=***&sig=***"),  # & inside stays inside
-        ("keys=1&monkey=2&key", "keys=1&monkey=2&key"),  # other names; a name without value
+        ("keys=1&keyword=2&key", "keys=1&keyword=2&key"),  # other names; a name without value
     ],
 )
 def test_secret_query_values_are_masked(query: str, stored: str) -> None:
     assert mask_query(query) == stored
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "auth_token",
+        "session_token",
+        "sessionToken",
+        "accessToken",
+        "X-Goog-Api-Key",
+        "subscription-key",
+        "Ocp-Apim-Subscription-Key",
+        "private_key",
+        "credential",
+        "X-Amz-Credential",
+        "X-Amz-Security-Token",
+        "jwt",
+        "bearer",
+        "pwd",
+        "client.secret",
+        "passphrase",
+    ],
+)
+def test_every_spelling_of_a_secret_name_is_masked(name: str) -> None:
+    assert mask_query(f"model=m&{name}=s3cr3t") == f"model=m&{name}=***"
+
+
+@pytest.mark.parametrize("name", ["model", "limit", "after", "order", "api-version", "max_tokens"])
+def test_ordinary_names_are_kept(name: str) -> None:
+    assert mask_query(f"{name}=v1") == f"{name}=v1"

@@ -178,6 +178,37 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
     assert spool_files(tmp_path) == []
 
 
+async def test_a_postgresql_stall_is_logged_once_and_so_is_its_end(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await upgrade(pg_url)
+    target = make_url(pg_url)
+    relay = TcpRelay()
+    port = relay.start(target.host or "127.0.0.1", target.port or 5432)
+    relayed = target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+    recorder = await started(config(relayed, tmp_path))
+    sent = [chat_exchange() for _ in range(3)]
+
+    def said(level: int, text: str) -> int:
+        return sum(r.levelno == level and text in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.INFO, logger="flightrec.recorder"):
+        recorder.record(sent[0])
+        await wait_until(lambda: recorder.ready() and not uncommitted(recorder))
+        await asyncio.to_thread(relay.stall)
+        recorder.record(sent[1])
+        await wait_until(lambda: (recorder.readiness() or "").startswith("database stalled"))
+        await wait_until(lambda: said(logging.WARNING, "database stalled") == 1, within=2)
+        await asyncio.to_thread(relay.resume)
+        recorder.record(sent[2])
+        await wait_until(recorder.ready, within=30)
+        await wait_until(lambda: said(logging.INFO, "again") == 1)  # the stall's or the outage's
+    await recorder.close()
+    relay.close()
+    assert said(logging.WARNING, "database stalled") == 1
+    await assert_stored_once(pg_url, sent, tokens=0)
+
+
 async def test_locked_sqlite_spills_and_recovers(sqlite_db: str, tmp_path: Path) -> None:
     recorder = await started(config(sqlite_db, tmp_path, batch_size=20), busy_timeout_ms=20)
     sent = [chat_exchange(logprobs=TOKENS) for _ in range(300)]

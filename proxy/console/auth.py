@@ -66,11 +66,12 @@ def loopback_host(host: str | None) -> bool:
     return name == "localhost" or (name[:1].isdigit() and is_loopback(name))
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve the record to a network without a token."""
+def check_bind(host: str, token: str | None, where: str | None = None) -> None:
+    """Refuse to serve the record to a network without a token; `where` is the flag that set
+    `host`, if one did."""
     if not token and not is_loopback(host):
         raise ConfigError(
-            f"console_host: the console on {host} would be open to the network; set "
+            f"{where or 'console_host'}: the console on {host} would be open to the network; set "
             "console_token (or FLIGHTREC_CONSOLE_TOKEN), or bind it to 127.0.0.1"
         )
 

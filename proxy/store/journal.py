@@ -392,4 +392,3 @@ class Journal:
                         os.fsync(fd)
                 os.close(fd)  # closing the lock file releases the flock
                 setattr(self, name, None)
-

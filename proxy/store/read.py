@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ..terminal import printable
 from . import tables as t
 from .engine import StoreError, check_connection, create_engine, describe
 from .migrate import check_head
@@ -207,7 +208,7 @@ def _local(iso: str | None) -> str:
 def render_table(summaries: list[dict[str, Any]]) -> str:
     """`logs` as aligned columns; times in local time."""
     header = ("STARTED", "ID", "MODEL", "STATUS", "OUTCOME", "TOKENS", "MS", "USER", "TAGS")
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for s in summaries:
         tokens = "-"
         if s["prompt_tokens"] is not None or s["completion_tokens"] is not None:
@@ -225,6 +226,7 @@ def render_table(summaries: list[dict[str, Any]]) -> str:
                 ",".join(f"{k}={v}" for k, v in s["tags"].items()) or "-",
             )
         )
+    lines = [tuple(printable(cell, cell=True) for cell in line) for line in lines]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
@@ -273,4 +275,4 @@ def render_exchange(shown: dict[str, Any]) -> str:
     for name in ("request", "response"):
         body = "(omitted)" if shown[f"{name}_omitted"] else _pretty(shown[name])
         out += ["", f"--- {name} ---", body]
-    return "\n".join(out)
+    return printable("\n".join(out))

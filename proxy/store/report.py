@@ -14,10 +14,11 @@ What the report counts (the README's *Cost* section says it for users):
   grouping: the groups of any `--by` add up to the same grand total, to the last digit. None
   when the group has unpriced exchanges and no priced one: such a group is unknown, not free.
 - `unpriced_requests`: exchanges that should have a cost and have none: usage was recorded
-  but its model has no price (or the usage has no shape we can price), or the endpoint
-  reports usage and the response had none (`usage_source = 'missing'`, e.g. a stream cut
-  short). An exchange that never carries usage (`/models`, an upstream error) is a request
-  that cost nothing, not an unpriced one.
+  but its model has no price (or the usage has no shape we can price), the endpoint reports
+  usage and the response had none (`usage_source = 'missing'`, e.g. a stream cut short), or
+  the request named a model and succeeded (status < 400) with no usage at all (speech, image
+  generation: paid, but nothing we can price). A request that names no model (`/models`,
+  files), fails upstream, or is a free moderation is a request that cost nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..pricing import PriceTable
+from ..terminal import printable
 from . import tables as t
 from .filters import Filters
 from .rows import cost_for
@@ -38,6 +40,8 @@ from .rows import cost_for
 GROUPS = ("model", "key", "user", "day", "upstream")
 """`--by` values besides `tag:<key>`."""
 NANO = Decimal("1e-9")
+FREE_ENDPOINT = "/moderations"
+"""Names a model, succeeds and costs nothing: never unpriced."""
 COLUMNS = (
     "group",
     "requests",
@@ -100,9 +104,12 @@ def cost_nano() -> sa.ColumnElement[int]:
 def is_unpriced() -> sa.ColumnElement[bool]:
     """An exchange that should have a cost and has none (see the module docstring)."""
     ex, usage = t.exchanges, t.usage
+    paid = sa.and_(
+        ex.c.model.is_not(None), ex.c.status < 400, sa.not_(ex.c.path.endswith(FREE_ENDPOINT))
+    )
     return sa.and_(
         ex.c.cost_usd.is_(None),
-        sa.or_(usage.c.exchange_id.is_not(None), ex.c.usage_source == "missing"),
+        sa.or_(usage.c.exchange_id.is_not(None), ex.c.usage_source == "missing", paid),
     )
 
 
@@ -272,18 +279,24 @@ def as_csv(rows: list[dict[str, Any]], by: str) -> str:
     import csv
     import io
 
+    from ..export import spreadsheet_text
+
     out = io.StringIO()
     columns = [*COLUMNS, "key_hint"] if by == "key" else list(COLUMNS)
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
         cells = {**row, "cost_usd": usd(row["cost_usd"])}
+        for text in ("group", "key_hint"):
+            if isinstance(cells.get(text), str):
+                cells[text] = spreadsheet_text(cells[text])
         writer.writerow(["" if cells[c] is None else cells[c] for c in columns])
     return out.getvalue()
 
 
 def as_table(rows: list[dict[str, Any]], by: str) -> str:
-    """Aligned columns and a TOTAL row; an unknown group is '(none)', an unknown cost '-'."""
+    """Aligned columns and a TOTAL row; an unknown group is '(none)', an unknown cost
+    'unpriced' (as the console says it)."""
     header = [by.upper(), "REQUESTS", "PROMPT", "CACHED", "COMPLETION", "REASONING"]
     header += ["COST USD", "UNPRICED"]
     if by == "key":
@@ -295,10 +308,10 @@ def as_table(rows: list[dict[str, Any]], by: str) -> str:
         if by == "key":
             line.append(row.get("key_hint") or "-")
         line += [f"{row[c]:,}" for c in COLUMNS[1:6]]
-        line += [usd(row["cost_usd"]) or "-", f"{row['unpriced_requests']:,}"]
+        line += [usd(row["cost_usd"]) or "unpriced", f"{row['unpriced_requests']:,}"]
         return line
 
-    lines = [header, *(cells(row) for row in rows)]
+    lines = [header, *([printable(cell, cell=True) for cell in cells(row)] for row in rows)]
     summed = cells(total(rows))
     if by == "key":
         summed[1] = ""
