@@ -12,7 +12,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -20,9 +20,10 @@ from aiohttp import web
 from .config import Config
 from .connections import Runner
 from .forward import forward
-from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION, APP_SINKS
 from .later import READ_DELAY, Later
 from .recorder import Explains, Recorder
+from .sinks import Sink
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,23 @@ async def _recorder(app: web.Application) -> AsyncIterator[None]:
     await app[APP_RECORDER].close()
 
 
-def build_app(config: Config, recorder: Recorder) -> web.Application:
+async def _sinks(app: web.Application) -> AsyncIterator[None]:
+    for sink in app[APP_SINKS]:
+        await sink.start()
+    yield
+    for sink in app[APP_SINKS]:  # after the recorder's teardown has handed them the last ones
+        await sink.stop()
+
+
+def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ()) -> web.Application:
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
+    app[APP_SINKS] = tuple(sinks)
     app[APP_LATER] = Later()
     app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_sinks)
     app.cleanup_ctx.append(_recorder)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

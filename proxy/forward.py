@@ -26,9 +26,10 @@ from .config import Config, Upstream
 from .exchange import Exchange, format_id, id_place
 from .forms import FORM_KEYS, form_fields
 from .headers import control_headers, response_headers, upstream_headers
-from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION
+from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION, APP_SINKS
 from .paths import Refused, mask_query, route
 from .recorder import Recorder
+from .sinks import Sink
 from .tee import StreamTee, without_null_usage
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         exchange = record.exchange()
         exchange.duration_ms = (time.perf_counter() - started) * 1000
         app = request.app
-        app[APP_LATER].add(_conclude, exchange, request, tees, app[APP_RECORDER])
+        app[APP_LATER].add(_conclude, exchange, request, tees, app[APP_RECORDER], app[APP_SINKS])
 
 
 class _Record:
@@ -208,10 +209,15 @@ class _Record:
 
 
 def _conclude(
-    exchange: Exchange, request: web.Request, tees: list[StreamTee], recorder: Recorder
+    exchange: Exchange,
+    request: web.Request,
+    tees: list[StreamTee],
+    recorder: Recorder,
+    sinks: tuple[Sink, ...],
 ) -> None:
-    """Complete the record and hand it to the recorder: after the response, and after the
-    client's next request has gone on (`Later`), so that none of it delays a byte."""
+    """Complete the record and hand it to the recorder, then to each sink: after the
+    response, and after the client's next request has gone on (`Later`), so that none of it
+    delays a byte."""
     try:
         exchange.path = request.path
         exchange.query = mask_query(request.query_string)
@@ -232,6 +238,8 @@ def _conclude(
         if exchange.omit_response:
             exchange.response_body = exchange.response_json = exchange.raw_stream_gz = None
         recorder.record(exchange)
+        for sink in sinks:
+            sink.accept(exchange)
 
 
 async def _relay(
