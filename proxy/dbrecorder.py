@@ -115,6 +115,21 @@ class DatabaseRecorder:
         self._last_try = False
         """Set by close(): one more try at the database even while backing off."""
         self._closed = False
+        self.written = 0
+        """Records written to the database since start (read by metrics)."""
+        self.journaled = 0
+        """Records appended to the journal since start (read by metrics)."""
+
+    def queue_depth(self) -> int:
+        """Records held in memory for the writer."""
+        return len(self._buffer) + len(self._fresh) + len(self._loose)
+
+    def journal_bytes(self) -> int:
+        return self.journal.total_bytes
+
+    def database_up(self) -> bool:
+        """False from a failed write until the next one succeeds."""
+        return self._healthy
 
     @property
     def engine(self) -> AsyncEngine:
@@ -227,6 +242,7 @@ class DatabaseRecorder:
             self.losses.kept_in_memory(buffered[:room])
             self.losses.lost(buffered[room:])
         else:
+            self.journaled += len(buffered)
             for ex, line, end in zip(buffered[: max(room, 0)], lines, ends, strict=False):
                 self._fresh.append(((end[0], end[1] - len(line)), end, ex))
         self.losses.report()
@@ -352,6 +368,7 @@ class DatabaseRecorder:
         rows = await self._build(batch)
         try:
             await self._transaction([r for _, r in rows])
+            self.written += len(rows)
         except Exception as exc:
             if not refuses_record(exc):
                 raise _Outage(describe(exc)) from exc
@@ -359,6 +376,7 @@ class DatabaseRecorder:
             for ex, row in rows:
                 try:
                     await self._transaction([row])
+                    self.written += 1
                 except Exception as single:
                     if not refuses_record(single):
                         raise _Outage(describe(single)) from single
