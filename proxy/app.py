@@ -122,7 +122,11 @@ async def run(
         from .dbrecorder import open_recorder
 
         recorder = await open_recorder(config)
-    runner = make_runner(build_app(config, recorder), config)
+    from .metrics import MetricsSink
+
+    metrics = MetricsSink(config, recorder)
+    sinks: list[Sink] = [metrics]
+    runner = make_runner(build_app(config, recorder, sinks=sinks), config)
     _tune_gc()
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
@@ -130,7 +134,7 @@ async def run(
     from .console import start_console  # its own listener: console_host:console_port
 
     try:
-        console = await start_console(config)
+        console = await start_console(config, metrics.registry)
     except BaseException:
         await runner.cleanup()
         raise

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import jinja2
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..config import Config
@@ -17,6 +18,8 @@ class Console:
     templates: jinja2.Environment
     engine: AsyncEngine | None = None
     """Set while the app runs (its cleanup_ctx opens and disposes it)."""
+    metrics: CollectorRegistry | None = None
+    """What `/metrics` serves: the proxy's metrics, when the console runs inside `serve`."""
 
     @property
     def token(self) -> str | None:

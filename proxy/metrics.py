@@ -1,0 +1,269 @@
+"""Prometheus metrics (SPEC section 9): a sink that counts each finished exchange once.
+
+`MetricsSink.accept` runs after the response (`forward._conclude`), never per chunk. The
+recorder's health (records written and journaled, queue depth, journal bytes, database up) is
+sampled every `REFRESH` seconds. Metrics live in the sink's own registry, which the console
+serves at `/metrics`; under `serve --workers N` the supervisor sets `PROMETHEUS_MULTIPROC_DIR`
+before it starts the workers, every worker writes its values there, and the console sums them
+(`registry()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any, Protocol, runtime_checkable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from .config import Config
+from .exchange import Exchange
+from .pricing import PriceTable, normalize_usage
+from .store.write import cost_for
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+REFRESH = 1.0
+"""Seconds between two samples of the recorder's health."""
+MAX_VALUES = 500
+"""Distinct values a label takes in one process; later ones are counted as "other"."""
+SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+FIRST_BYTE_SECONDS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created` series double the output and no dashboard reads them
+
+
+@runtime_checkable
+class Health(Protocol):
+    """What a recorder tells metrics about itself (`DatabaseRecorder`)."""
+
+    written: int
+    journaled: int
+
+    def queue_depth(self) -> int: ...
+
+    def journal_bytes(self) -> int: ...
+
+    def database_up(self) -> bool: ...
+
+
+def registry(own: CollectorRegistry | None) -> CollectorRegistry | None:
+    """What `/metrics` serves: every worker's values under `serve --workers`, else `own`."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        return own
+    summed = CollectorRegistry()
+    MultiProcessCollector(summed, path=directory)  # type: ignore[no-untyped-call]
+    return summed
+
+
+def worker_gone(pid: int | None, directory: str) -> None:
+    """A worker's gauges stop counting once it has exited (its counters stay in the sums)."""
+    if pid is not None:
+        mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+
+
+def status_class(status: int | None) -> str:
+    return f"{status // 100}xx" if status else "none"
+
+
+class _Bounded:
+    """A label's values, at most `MAX_VALUES` of them: an unbounded label (a client names any
+    model it likes) must not grow the scrape without end."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str | None) -> str:
+        if not value:
+            return "none"
+        if value in self._seen:
+            return value
+        if len(self._seen) >= MAX_VALUES:
+            return "other"
+        self._seen.add(value)
+        return value
+
+
+class MetricsSink:
+    """The metrics of SPEC section 9, fed by finished exchanges; a sink (`proxy.sinks`)."""
+
+    def __init__(self, config: Config, recorder: object = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._health = recorder if isinstance(recorder, Health) else None
+        self._prices = PriceTable.load(config.prices)
+        self._extra = config.metrics_labels
+        self._model = _Bounded()
+        self._user = _Bounded()
+        self._key = _Bounded()
+        self._fingerprints: dict[tuple[str, str], str] = {}
+        self._written = self._journaled = 0
+        self._task: asyncio.Task[None] | None = None
+        r, extra = self.registry, list(self._extra)
+        self.requests = Counter(
+            "flightrec_requests",
+            "Exchanges finished, by outcome and HTTP status class.",
+            ["upstream", "model", "outcome", "status_class", *extra],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "flightrec_tokens",
+            "Tokens as priced: input (uncached prompt), cached_input, output (reasoning "
+            "included), reasoning_output.",
+            ["upstream", "model", "type", *extra],
+            registry=r,
+        )
+        self.cost = Counter(
+            "flightrec_cost_usd",
+            "Spend in USD at the configured price table.",
+            ["upstream", "model", *extra],
+            registry=r,
+        )
+        self.unpriced = Counter(
+            "flightrec_unpriced_requests",
+            "Exchanges with usage that no price covers, or without usage.",
+            ["upstream", "model"],
+            registry=r,
+        )
+        self.fingerprint_changes = Counter(
+            "flightrec_fingerprint_changes",
+            "Times a model's system_fingerprint differed from the one it had before.",
+            ["upstream", "model"],
+            registry=r,
+        )
+        self.records_written = Counter(
+            "flightrec_records_written", "Records written to the database.", registry=r
+        )
+        self.records_spooled = Counter(
+            "flightrec_records_spooled", "Records appended to the journal.", registry=r
+        )
+        self.otlp_dropped = Counter(
+            "flightrec_otlp_dropped_spans",
+            "Spans not delivered: queue full or collector unreachable.",
+            registry=r,
+        )
+        self.duration = Histogram(
+            "flightrec_request_duration_seconds",
+            "Request arrival to the end of the exchange.",
+            ["upstream", "model", "stream"],
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "flightrec_time_to_first_token_seconds",
+            "Request arrival to the first generated token (streams).",
+            ["upstream", "model"],
+            buckets=FIRST_BYTE_SECONDS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "flightrec_upstream_ttfb_seconds",
+            "Request arrival to the upstream's response headers.",
+            ["upstream"],
+            buckets=FIRST_BYTE_SECONDS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "flightrec_record_queue_depth",
+            "Records held in memory for the database writer.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.spool_bytes = Gauge(
+            "flightrec_spool_bytes",
+            "Bytes of the journal on disk.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.database_up = Gauge(
+            "flightrec_database_up",
+            "1 while the database takes writes (the lowest of all workers).",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+
+    async def start(self) -> None:
+        if self._health is not None and self._task is None:
+            self.sample()
+            self._task = asyncio.create_task(self._sampling(), name="flightrec-metrics")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+            self.sample()
+
+    async def _sampling(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            self.sample()
+
+    def sample(self) -> None:
+        """Copy the recorder's health into the metrics."""
+        health = self._health
+        if health is None:
+            return
+        written, journaled = health.written, health.journaled
+        self.records_written.inc(written - self._written)
+        self.records_spooled.inc(journaled - self._journaled)
+        self._written, self._journaled = written, journaled
+        self.queue_depth.set(health.queue_depth())
+        self.spool_bytes.set(health.journal_bytes())
+        self.database_up.set(1 if health.database_up() else 0)
+
+    def accept(self, exchange: Exchange) -> None:
+        with contextlib.suppress(Exception):  # counting must never cost the record anything
+            self._count(exchange)
+
+    def _count(self, ex: Exchange) -> None:
+        upstream = ex.upstream
+        model = self._model(ex.model)
+        extra: list[str] = []
+        for label in self._extra:
+            extra.append(self._user(ex.user) if label == "user" else self._key(ex.key_hash))
+        self.requests.labels(upstream, model, ex.outcome, status_class(ex.status), *extra).inc()
+        if ex.duration_ms is not None:
+            stream = "true" if ex.stream else "false"
+            self.duration.labels(upstream, model, stream).observe(ex.duration_ms / 1000)
+        if ex.ttft_ms is not None:
+            self.ttft.labels(upstream, model).observe(ex.ttft_ms / 1000)
+        if ex.ttfb_ms is not None:
+            self.ttfb.labels(upstream).observe(ex.ttfb_ms / 1000)
+        response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
+        usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
+        tokens = normalize_usage(usage)
+        if tokens is not None:
+            for kind, count in (
+                ("input", tokens.prompt - tokens.cached),
+                ("cached_input", tokens.cached),
+                ("output", tokens.completion),
+                ("reasoning_output", tokens.reasoning),
+            ):
+                if count:
+                    self.tokens.labels(upstream, model, kind, *extra).inc(count)
+        response_model = ex.response_model or response.get("model")
+        cost, _ = cost_for(self._prices, ex.model, response_model, usage)
+        if cost is None:
+            # As the cost report counts them: usage no price covers, or usage that is missing.
+            if isinstance(usage, dict) or ex.usage_source == "missing":
+                self.unpriced.labels(upstream, model).inc()
+        elif cost:
+            self.cost.labels(upstream, model, *extra).inc(cost)
+        fingerprint = ex.system_fingerprint
+        if fingerprint:
+            before = self._fingerprints.get((upstream, model))
+            if before is not None and before != fingerprint:
+                self.fingerprint_changes.labels(upstream, model).inc()
+            if len(self._fingerprints) < MAX_VALUES or before is not None:
+                self._fingerprints[(upstream, model)] = fingerprint
