@@ -126,6 +126,10 @@ async def run(
 
     metrics = MetricsSink(config, recorder)
     sinks: list[Sink] = [metrics]
+    if config.otlp_endpoint:
+        from .otlp import OtlpExporter
+
+        sinks.append(OtlpExporter(config, dropped=metrics.otlp_dropped.inc))
     runner = make_runner(build_app(config, recorder, sinks=sinks), config)
     _tune_gc()
     await runner.setup()
