@@ -26,18 +26,20 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from .config import Config
 from .exchange import Exchange
-from .pricing import PriceTable, normalize_usage
-from .store.write import cost_for
+from .pricing import PriceTable, cost_of, normalize_usage
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 REFRESH = 1.0
 """Seconds between two samples of the recorder's health."""
 MAX_VALUES = 500
 """Distinct values a label takes in one process; later ones are counted as "other"."""
+MAX_CHILDREN = 10_000
+"""Kinds of exchange (`_series`) remembered before starting over."""
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 FIRST_BYTE_SECONDS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
-disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created` series double the output and no dashboard reads them
+# `_created` series double the output and no dashboard reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 @runtime_checkable
@@ -106,6 +108,7 @@ class MetricsSink:
         self._user = _Bounded()
         self._key = _Bounded()
         self._fingerprints: dict[tuple[str, str], str] = {}
+        self._known: dict[tuple[Any, ...], _Series] = {}
         self._written = self._journaled = 0
         self._task: asyncio.Task[None] | None = None
         r, extra = self.registry, list(self._extra)
@@ -226,44 +229,94 @@ class MetricsSink:
         with contextlib.suppress(Exception):  # counting must never cost the record anything
             self._count(exchange)
 
+    def _series(self, ex: Exchange) -> _Series:
+        """The labelled series one exchange counts in, made once per label set: `labels()`
+        checks its arguments on every call, which cost more than the counting (bench/)."""
+        model = ex.model
+        stream = "true" if ex.stream else "false"
+        key = (ex.upstream, model, ex.outcome, ex.status, stream, ex.user, ex.key_hash)
+        found = self._known.get(key)
+        if found is None:
+            if len(self._known) >= MAX_CHILDREN:
+                self._known.clear()
+            found = self._known[key] = _Series(self, ex.upstream, self._model(model), ex, stream)
+        return found
+
     def _count(self, ex: Exchange) -> None:
-        upstream = ex.upstream
-        model = self._model(ex.model)
-        extra: list[str] = []
-        for label in self._extra:
-            extra.append(self._user(ex.user) if label == "user" else self._key(ex.key_hash))
-        self.requests.labels(upstream, model, ex.outcome, status_class(ex.status), *extra).inc()
+        series = self._series(ex)
+        series.requests.inc()
         if ex.duration_ms is not None:
-            stream = "true" if ex.stream else "false"
-            self.duration.labels(upstream, model, stream).observe(ex.duration_ms / 1000)
+            series.duration.observe(ex.duration_ms / 1000)
         if ex.ttft_ms is not None:
-            self.ttft.labels(upstream, model).observe(ex.ttft_ms / 1000)
+            series.ttft.observe(ex.ttft_ms / 1000)
         if ex.ttfb_ms is not None:
-            self.ttfb.labels(upstream).observe(ex.ttfb_ms / 1000)
+            series.ttfb.observe(ex.ttfb_ms / 1000)
         response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
         usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
         tokens = normalize_usage(usage)
         if tokens is not None:
-            for kind, count in (
-                ("input", tokens.prompt - tokens.cached),
-                ("cached_input", tokens.cached),
-                ("output", tokens.completion),
-                ("reasoning_output", tokens.reasoning),
-            ):
-                if count:
-                    self.tokens.labels(upstream, model, kind, *extra).inc(count)
-        response_model = ex.response_model or response.get("model")
-        cost, _ = cost_for(self._prices, ex.model, response_model, usage)
-        if cost is None:
+            if tokens.prompt > tokens.cached:
+                series.input.inc(tokens.prompt - tokens.cached)
+            if tokens.cached:
+                series.cached_input.inc(tokens.cached)
+            if tokens.completion:
+                series.output.inc(tokens.completion)
+            if tokens.reasoning:
+                series.reasoning_output.inc(tokens.reasoning)
+        # Priced as `store.write.cost_for` prices the record: the model that answered first.
+        price = self._prices.lookup(ex.response_model or response.get("model") or ex.model)
+        if price is None or tokens is None:
             # As the cost report counts them: usage no price covers, or usage that is missing.
-            if isinstance(usage, dict) or ex.usage_source == "missing":
-                self.unpriced.labels(upstream, model).inc()
-        elif cost:
-            self.cost.labels(upstream, model, *extra).inc(cost)
+            if usage is not None or ex.usage_source == "missing":
+                series.unpriced.inc()
+        elif cost := cost_of(price, tokens):
+            series.cost.inc(cost)
         fingerprint = ex.system_fingerprint
         if fingerprint:
-            before = self._fingerprints.get((upstream, model))
+            where = (ex.upstream, series.model)
+            before = self._fingerprints.get(where)
             if before is not None and before != fingerprint:
-                self.fingerprint_changes.labels(upstream, model).inc()
+                series.fingerprint_changes.inc()
             if len(self._fingerprints) < MAX_VALUES or before is not None:
-                self._fingerprints[(upstream, model)] = fingerprint
+                self._fingerprints[where] = fingerprint
+
+
+class _Series:
+    """The children (labelled series) of every metric one kind of exchange counts in."""
+
+    __slots__ = (
+        "cached_input",
+        "cost",
+        "duration",
+        "fingerprint_changes",
+        "input",
+        "model",
+        "output",
+        "reasoning_output",
+        "requests",
+        "ttfb",
+        "ttft",
+        "unpriced",
+    )
+
+    def __init__(
+        self, sink: MetricsSink, upstream: str, model: str, ex: Exchange, stream: str
+    ) -> None:
+        extra = [
+            sink._user(ex.user) if label == "user" else sink._key(ex.key_hash)
+            for label in sink._extra
+        ]
+        self.model = model
+        self.requests = sink.requests.labels(
+            upstream, model, ex.outcome, status_class(ex.status), *extra
+        )
+        self.duration = sink.duration.labels(upstream, model, stream)
+        self.ttft = sink.ttft.labels(upstream, model)
+        self.ttfb = sink.ttfb.labels(upstream)
+        self.input = sink.tokens.labels(upstream, model, "input", *extra)
+        self.cached_input = sink.tokens.labels(upstream, model, "cached_input", *extra)
+        self.output = sink.tokens.labels(upstream, model, "output", *extra)
+        self.reasoning_output = sink.tokens.labels(upstream, model, "reasoning_output", *extra)
+        self.cost = sink.cost.labels(upstream, model, *extra)
+        self.unpriced = sink.unpriced.labels(upstream, model)
+        self.fingerprint_changes = sink.fingerprint_changes.labels(upstream, model)

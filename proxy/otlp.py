@@ -3,9 +3,9 @@
 `accept` only queues the exchange (at most `QUEUE` of them; past that a span is dropped and
 counted); a background task turns up to `BATCH` queued exchanges into spans and posts them in
 one request, at least every `INTERVAL` seconds. A collector that is slow or down costs spans,
-never the relay or the record: a failed export drops its batch, counts it, and warns at most
-once a minute. Span attributes follow the OpenTelemetry GenAI semantic conventions
-(docs/metrics.md lists them).
+never the relay or the record: a failed export drops its batch, counts it, warns at most once
+a minute, and the exporter rests (`RETRY_MIN` doubling to `RETRY_MAX`) before the next try.
+Span attributes follow the OpenTelemetry GenAI semantic conventions (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ TIMEOUT = 5.0
 """Seconds one export may take."""
 WARN_EVERY = 60.0
 """Seconds between two warnings about a collector that does not take spans."""
+RETRY_MIN, RETRY_MAX = 1.0, 30.0
+"""Seconds the exporter waits after a failed export before it tries again (doubling); spans
+of exchanges that finish meanwhile are dropped at once, never built."""
 
 OPERATIONS = (
     ("/chat/completions", "chat"),
@@ -229,6 +232,8 @@ class OtlpExporter:
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._warned_at = -WARN_EVERY
+        self._resting_until = 0.0
+        self._rest = RETRY_MIN
         self._stopping = False
 
     async def start(self) -> None:
@@ -240,7 +245,9 @@ class OtlpExporter:
             self._task = asyncio.create_task(self._run(), name="flightrec-otlp")
 
     def accept(self, exchange: Exchange) -> None:
-        if len(self._queue) >= QUEUE:
+        if len(self._queue) >= QUEUE or (
+            self._resting_until and time.monotonic() < self._resting_until
+        ):
             self._dropped(1)
             return
         self._queue.append(exchange)
@@ -260,12 +267,18 @@ class OtlpExporter:
             await self._session.close()
 
     async def _run(self) -> None:
-        while not (self._stopping and not self._queue):
-            if not self._stopping and len(self._queue) < BATCH:
+        while True:
+            wait = INTERVAL if len(self._queue) < BATCH else 0.0
+            wait = max(wait, self._resting_until - time.monotonic())
+            if wait > 0 and not self._stopping:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), INTERVAL)
-            if self._queue:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+            if self._stopping and (not self._queue or self._resting_until):
+                self._dropped(len(self._queue))  # the collector is down: shutdown waits for none
+                self._queue.clear()
+                return
+            if self._queue and time.monotonic() >= self._resting_until:
                 batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
                 await self._send(batch)
 
@@ -291,9 +304,13 @@ class OtlpExporter:
                     problem = f"HTTP {response.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             problem = f"{type(exc).__name__}: {exc}"
-        if problem is not None:
+        if problem is None:
+            self._resting_until, self._rest = 0.0, RETRY_MIN
+        else:
             self._dropped(len(spans))
             now = time.monotonic()
+            self._resting_until = now + self._rest
+            self._rest = min(2 * self._rest, RETRY_MAX)
             if now - self._warned_at >= WARN_EVERY:
                 self._warned_at = now
                 log.warning(

@@ -56,7 +56,8 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
-    return {labels: v for (n, labels), v in samples.items() if n == name}
+    """The series of `name` that counted something (a series at 0 is as good as none)."""
+    return {labels: v for (n, labels), v in samples.items() if n == name and v}
 
 
 async def scrape(console: str, token: str | None = TOKEN) -> Samples:
