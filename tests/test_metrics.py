@@ -4,7 +4,9 @@ one process (a real SQLite recorder behind it) and summed over `serve --workers 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -218,6 +220,22 @@ async def test_metrics_after_known_traffic(upstream: FakeUpstream, running: Any,
     assert value(samples, "flightrec_record_queue_depth") == 0
     spool = value(samples, "flightrec_spool_bytes")
     assert spool is not None and spool > 0  # the journal's committed segment stays until sealed
+
+
+def test_the_dashboard_reads_only_metrics_flightrec_serves() -> None:
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "docs/grafana-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    named = {
+        re.sub(r"_bucket$", "", name) for e in exprs for name in re.findall(r"flightrec_\w+", e)
+    }
+    served = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in MetricsSink(Config()).registry.collect()
+    }
+    assert named <= served, named - served
+    assert len(named) >= 12
 
 
 async def test_metrics_need_the_console_token(running: Any) -> None:
