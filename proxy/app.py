@@ -138,7 +138,7 @@ async def run(
     from .console import start_console  # its own listener: console_host:console_port
 
     try:
-        console = await start_console(config, metrics.registry)
+        console = await start_console(config, metrics)
     except BaseException:
         await runner.cleanup()
         raise

@@ -195,7 +195,7 @@ class MetricsSink:
         )
 
     async def start(self) -> None:
-        if self._health is not None and self._task is None:
+        if self._task is None:
             self.sample()
             self._task = asyncio.create_task(self._sampling(), name="flightrec-metrics")
 
@@ -213,7 +213,10 @@ class MetricsSink:
             self.sample()
 
     def sample(self) -> None:
-        """Copy the recorder's health into the metrics."""
+        """Bring the metrics up to date: the counts held since the last time, and the
+        recorder's health."""
+        for series in self._known.values():
+            series.flush()
         health = self._health
         if health is None:
             return
@@ -238,13 +241,14 @@ class MetricsSink:
         found = self._known.get(key)
         if found is None:
             if len(self._known) >= MAX_CHILDREN:
+                self.sample()
                 self._known.clear()
             found = self._known[key] = _Series(self, ex.upstream, self._model(model), ex, stream)
         return found
 
     def _count(self, ex: Exchange) -> None:
         series = self._series(ex)
-        series.requests.inc()
+        series.requests_held += 1
         if ex.duration_ms is not None:
             series.duration.observe(ex.duration_ms / 1000)
         if ex.ttft_ms is not None:
@@ -255,22 +259,18 @@ class MetricsSink:
         usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
         tokens = normalize_usage(usage)
         if tokens is not None:
-            if tokens.prompt > tokens.cached:
-                series.input.inc(tokens.prompt - tokens.cached)
-            if tokens.cached:
-                series.cached_input.inc(tokens.cached)
-            if tokens.completion:
-                series.output.inc(tokens.completion)
-            if tokens.reasoning:
-                series.reasoning_output.inc(tokens.reasoning)
+            series.input_held += tokens.prompt - tokens.cached
+            series.cached_input_held += tokens.cached
+            series.output_held += tokens.completion
+            series.reasoning_output_held += tokens.reasoning
         # Priced as `store.write.cost_for` prices the record: the model that answered first.
         price = self._prices.lookup(ex.response_model or response.get("model") or ex.model)
         if price is None or tokens is None:
             # As the cost report counts them: usage no price covers, or usage that is missing.
             if usage is not None or ex.usage_source == "missing":
-                series.unpriced.inc()
-        elif cost := cost_of(price, tokens):
-            series.cost.inc(cost)
+                series.unpriced_held += 1
+        else:
+            series.cost_held += cost_of(price, tokens)
         fingerprint = ex.system_fingerprint
         if fingerprint:
             where = (ex.upstream, series.model)
@@ -282,21 +282,32 @@ class MetricsSink:
 
 
 class _Series:
-    """The children (labelled series) of every metric one kind of exchange counts in."""
+    """The children (labelled series) of every metric one kind of exchange counts in.
+
+    Counts are held in plain numbers and added to the counters by `flush` (every `REFRESH`
+    seconds and before a scrape): a counter's `inc` takes a lock, and an exchange counts in
+    eight of them (bench/)."""
 
     __slots__ = (
         "cached_input",
+        "cached_input_held",
         "cost",
+        "cost_held",
         "duration",
         "fingerprint_changes",
         "input",
+        "input_held",
         "model",
         "output",
+        "output_held",
         "reasoning_output",
+        "reasoning_output_held",
         "requests",
+        "requests_held",
         "ttfb",
         "ttft",
         "unpriced",
+        "unpriced_held",
     )
 
     def __init__(
@@ -320,3 +331,17 @@ class _Series:
         self.cost = sink.cost.labels(upstream, model, *extra)
         self.unpriced = sink.unpriced.labels(upstream, model)
         self.fingerprint_changes = sink.fingerprint_changes.labels(upstream, model)
+        self.requests_held = self.unpriced_held = 0
+        self.input_held = self.cached_input_held = 0
+        self.output_held = self.reasoning_output_held = 0
+        self.cost_held = 0.0
+
+    def flush(self) -> None:
+        for name in _HELD:
+            held = getattr(self, name + "_held")
+            if held:
+                getattr(self, name).inc(held)
+                setattr(self, name + "_held", 0)
+
+
+_HELD = ("requests", "unpriced", "input", "cached_input", "output", "reasoning_output", "cost")

@@ -115,7 +115,7 @@ async def running(upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Any]:
         runner = make_runner(app, config)
         await runner.setup()
         runners.append(runner)
-        console_runner = web.AppRunner(build_console(config, metrics.registry))
+        console_runner = web.AppRunner(build_console(config, metrics))
         await console_runner.setup()
         runners.append(console_runner)
         base = await start_site(runner) + "/v1"

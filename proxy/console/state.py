@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import jinja2
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..config import Config
+from ..metrics import MetricsSink
 
 
 @dataclass(slots=True)
@@ -18,7 +18,7 @@ class Console:
     templates: jinja2.Environment
     engine: AsyncEngine | None = None
     """Set while the app runs (its cleanup_ctx opens and disposes it)."""
-    metrics: CollectorRegistry | None = None
+    metrics: MetricsSink | None = None
     """What `/metrics` serves: the proxy's metrics, when the console runs inside `serve`."""
 
     @property
