@@ -129,7 +129,7 @@ async def run(
     if config.otlp_endpoint:
         from .otlp import OtlpExporter
 
-        sinks.append(OtlpExporter(config, dropped=metrics.otlp_dropped.inc))
+        sinks.append(OtlpExporter(config, dropped=metrics.spans_dropped))
     runner = make_runner(build_app(config, recorder, sinks=sinks), config)
     _tune_gc()
     await runner.setup()

@@ -110,6 +110,7 @@ class MetricsSink:
         self._fingerprints: dict[tuple[str, str], str] = {}
         self._known: dict[tuple[Any, ...], _Series] = {}
         self._written = self._journaled = 0
+        self._dropped_held = 0
         self._task: asyncio.Task[None] | None = None
         r, extra = self.registry, list(self._extra)
         self.requests = Counter(
@@ -212,11 +213,18 @@ class MetricsSink:
             await asyncio.sleep(REFRESH)
             self.sample()
 
+    def spans_dropped(self, count: int) -> None:
+        """The OTLP exporter's drops; called for each span while a collector is down."""
+        self._dropped_held += count
+
     def sample(self) -> None:
         """Bring the metrics up to date: the counts held since the last time, and the
         recorder's health."""
         for series in self._known.values():
             series.flush()
+        if self._dropped_held:
+            self.otlp_dropped.inc(self._dropped_held)
+            self._dropped_held = 0
         health = self._health
         if health is None:
             return

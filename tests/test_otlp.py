@@ -81,7 +81,7 @@ async def proxy_with(upstream: FakeUpstream) -> AsyncIterator[Any]:
             **overrides,
         )
         metrics = MetricsSink(config)
-        exporter = OtlpExporter(config, dropped=metrics.otlp_dropped.inc)
+        exporter = OtlpExporter(config, dropped=metrics.spans_dropped)
         app = build_app(config, MemoryRecorder(), sinks=[metrics, exporter])
         runner = make_runner(app, config)
         await runner.setup()
@@ -94,6 +94,7 @@ async def proxy_with(upstream: FakeUpstream) -> AsyncIterator[Any]:
 
 
 def dropped(metrics: MetricsSink) -> float | None:
+    metrics.sample()  # as a scrape does
     return metrics.registry.get_sample_value("flightrec_otlp_dropped_spans_total")
 
 
