@@ -115,7 +115,15 @@ async def run(
         from .dbrecorder import open_recorder
 
         recorder = await open_recorder(config)
-    runner = make_runner(build_app(config, recorder), config)
+    from .metrics import MetricsSink
+
+    metrics = MetricsSink(config, recorder)
+    sinks: list[Sink] = [metrics]
+    if config.otlp_endpoint:
+        from .otlp import OtlpExporter
+
+        sinks.append(OtlpExporter(config, dropped=metrics.spans_dropped))
+    runner = make_runner(build_app(config, recorder, sinks=sinks), config)
     _tune_gc()
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
@@ -123,7 +131,7 @@ async def run(
     from .console import start_console  # its own listener: console_host:console_port
 
     try:
-        console = await start_console(config)
+        console = await start_console(config, metrics)
     except BaseException:
         await runner.cleanup()
         raise

@@ -86,6 +86,13 @@ class Config:
     upstreams: tuple[Upstream, ...] = field(
         default_factory=lambda: (Upstream("openai", DEFAULT_UPSTREAM, "/v1"),)
     )
+    metrics_labels: tuple[str, ...] = ()
+    """Labels added to the request, token and cost counters: `user`, `key`."""
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP traces URL; None: no traces are sent."""
+    otlp_headers: Mapping[str, str] = field(default_factory=Frozen, repr=False)
+    """Headers sent with every export (often a collector's API key: never logged)."""
+    otlp_content: bool = False
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
     """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
     shipped table by `proxy.pricing.PriceTable.load`."""
@@ -179,6 +186,36 @@ def _http_url(key: str, value: Any) -> str:
     return url.rstrip("/")
 
 
+METRICS_LABELS = ("user", "key")
+
+
+def _metrics_labels(key: str, value: Any) -> tuple[str, ...]:
+    """A list, or (from the environment) names separated by commas."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or any(label not in METRICS_LABELS for label in value):
+        raise ConfigError(f"{key}: expected a list of {', '.join(METRICS_LABELS)}, got {value!r}")
+    return tuple(label for label in METRICS_LABELS if label in value)
+
+
+def _optional_url(key: str, value: Any) -> str | None:
+    return None if value == "" else _http_url(key, value)
+
+
+def _headers(key: str, value: Any) -> Frozen:
+    """A table of header names to values, or (from the environment) `name=value,name=value`."""
+    if isinstance(value, str):
+        pairs = [part.partition("=") for part in value.split(",") if part.strip()]
+        if any(not sep for _, sep, _ in pairs):
+            raise ConfigError(f"{key}: expected name=value pairs separated by commas")
+        value = {name.strip(): text.strip() for name, _, text in pairs}
+    if not isinstance(value, dict) or not all(
+        isinstance(name, str) and name and isinstance(text, str) for name, text in value.items()
+    ):
+        raise ConfigError(f"{key}: expected a table of header names to string values")
+    return Frozen(value)
+
+
 KEYS: dict[str, Key] = {
     "host": Key(_str, "address to listen on"),
     "port": Key(_port, "port to listen on"),
@@ -208,6 +245,10 @@ KEYS: dict[str, Key] = {
     "console_host": Key(_str, "address the console listens on"),
     "console_port": Key(_port, "port of the console serve runs (0: none)"),
     "console_token": Key(_optional_str, "token every console route needs (required off loopback)"),
+    "metrics_labels": Key(_metrics_labels, "labels /metrics adds: user, key (can be unbounded)"),
+    "otlp_endpoint": Key(_optional_url, "OTLP/HTTP traces URL; one span per exchange"),
+    "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
+    "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors

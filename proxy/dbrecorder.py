@@ -103,6 +103,22 @@ class DatabaseRecorder:
         self._closed = False
 
     @property
+    def journaled(self) -> int:
+        """Records appended to the journal since start (read by metrics)."""
+        return self.backlog.journaled
+
+    def queue_depth(self) -> int:
+        """Records held in memory for the writer."""
+        return len(self.backlog)
+
+    def journal_bytes(self) -> int:
+        return self.journal.total_bytes
+
+    def database_up(self) -> bool:
+        """False from a failed write until the next one succeeds."""
+        return self._healthy
+
+    @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
             self._engine = recorder_engine(self._config.db_url)
@@ -145,11 +161,6 @@ class DatabaseRecorder:
         if len(self.backlog) > 0.9 * self._config.queue_size:
             return "queue saturated: the database writer is behind"
         return None
-
-    @property
-    def database_up(self) -> bool:
-        """False from a failed write until the next one succeeds."""
-        return self._healthy
 
     def ready(self) -> bool:
         return self.readiness() is None

@@ -119,6 +119,8 @@ class Exchange:
     the client is never affected by them."""
     omit_request: bool = False
     omit_response: bool = False
+    traceparent: str | None = None
+    """The client's W3C `traceparent` header: the exchange's span is a child of it."""
     raw_stream_gz: bytes | None = None
     """For streams: the exact bytes the client received, gzip-compressed (one member), kept
     for byte-exact playback (`store_raw_stream`); a long stream's are compressed as they come,

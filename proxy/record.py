@@ -131,6 +131,7 @@ def _describe_request(exchange: Exchange, headers: Any) -> None:
     exchange.omit_request = controls.omit_request
     exchange.omit_response = controls.omit_response
     exchange.replay_of = controls.replay_of
+    exchange.traceparent = headers.get("traceparent")
     exchange.key_hash, exchange.key_hint = key_identity(headers)
     exchange.user = controls.user
     payload = exchange.request_json

@@ -5,6 +5,8 @@ so nothing one worker knows is needed by another: exchanges are independent and 
 is the only shared state. Each worker journals to its own file (`<spool_path>.<n>`), so no two
 processes ever append to or read the same journal. The supervisor migrates the database once
 before the workers start, forwards SIGTERM/SIGINT to them and exits when they all have.
+Metrics are the one thing summed across workers: each writes its values to files in a fresh
+directory the supervisor makes (`PROMETHEUS_MULTIPROC_DIR`), which worker 0's console reads.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
+import shutil
 import signal
+import tempfile
 from dataclasses import replace
 from types import FrameType
 
 from .config import Config
 from .logs import log_to_stderr
+from .metrics import MULTIPROC_ENV, worker_gone
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,8 @@ def supervise(config: Config) -> int:
         from .store.migrate import upgrade  # only serve needs the database
 
         asyncio.run(upgrade(config.db_url))
+    # Set before the workers start, so prometheus_client in each of them writes to files.
+    metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="flightrec-metrics-")
     context = multiprocessing.get_context("spawn")
     workers = [
         context.Process(target=_worker, args=(config, i), name=f"flightrec-worker-{i}")
@@ -65,9 +73,11 @@ def supervise(config: Config) -> int:
         log.info("flightrec: %d workers on %s:%d", len(workers), config.host, config.port)
         for process in workers:
             process.join()
+            worker_gone(process.pid, metrics_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     failed = [p.name for p in workers if p.exitcode not in (0, -signal.SIGTERM)]
     if failed:
         log.error("workers exited with an error: %s", ", ".join(failed))

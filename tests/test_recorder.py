@@ -166,11 +166,11 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
     await asyncio.to_thread(relay.cut)
     await wait_until(lambda: not recorder.ready())
     assert (recorder.readiness() or "").startswith("database unavailable")
-    assert not recorder.database_up
+    assert not recorder.database_up()
     await wait_until(lambda: uncommitted(recorder))
     await asyncio.to_thread(relay.resume)
     await wait_until(recorder.ready)
-    assert recorder.database_up
+    assert recorder.database_up()
     await running
     await recorder.close()
     relay.close()
@@ -268,7 +268,7 @@ async def test_a_record_is_never_written_twice(db_url: str, tmp_path: Path) -> N
     for ex in sent + sent:
         recorder.record(ex)
     await recorder.close()
-    assert (recorder.written, recorder.database_up) == (5, True)
+    assert (recorder.written, recorder.database_up()) == (5, True)
     again = await started(cfg)
     for ex in sent:
         again.record(ex)

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import jinja2
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..config import Config, ConfigError
+from ..metrics import MetricsSink, registry
 from ..store.read import reading
 from . import api, auth, pages
 from .auth import check_bind
-from .state import CONSOLE, Console
+from .state import CONSOLE, Console, state
 
 __all__ = ["build_console", "check_bind", "run_console", "start_console"]
 
@@ -48,25 +50,41 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         console.engine = None
 
 
-def build_console(config: Config) -> web.Application:
+async def metrics_page(request: web.Request) -> web.Response:
+    """Prometheus text format (docs/metrics.md); the console's token guards it."""
+    sink = state(request).metrics
+    if sink is not None:
+        sink.sample()  # what this process holds; other workers' is at most a second old
+    found = registry(sink.registry if sink is not None else None)
+    if found is None:
+        message = "no metrics here: /metrics is on the console of `flightrec serve`"
+        body = {"error": {"message": message, "type": "not_found", "param": None}}
+        return web.json_response(body, status=404)
+    text = await asyncio.to_thread(generate_latest, found)  # workers' files are read from disk
+    return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_console(config: Config, metrics: MetricsSink | None = None) -> web.Application:
     auth.check_bind(config.console_host, config.console_token)
     app = web.Application(
         middlewares=[auth.make_auth_middleware(pages.login_page), api.api_errors, pages.errors]
     )
-    app[CONSOLE] = Console(config, templates())
+    app[CONSOLE] = Console(config, templates(), metrics=metrics)
     app.cleanup_ctx.append(_database)
     app.on_response_prepare.append(auth.add_security_headers)
     api.add_routes(app)
     pages.add_routes(app)
+    app.router.add_get("/metrics", metrics_page)
     app.router.add_static("/static/", HERE / "static", append_version=True)
     return app
 
 
-async def start_console(config: Config) -> web.AppRunner | None:
-    """The console on `console_host:console_port`, or None when `console_port` is 0."""
+async def start_console(config: Config, metrics: MetricsSink | None = None) -> web.AppRunner | None:
+    """The console on `console_host:console_port`, or None when `console_port` is 0;
+    `/metrics` serves `metrics`."""
     if config.console_port == 0:
         return None
-    runner = web.AppRunner(build_console(config), access_log=None)
+    runner = web.AppRunner(build_console(config, metrics), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.console_host, config.console_port)

@@ -9,6 +9,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..config import Config
+from ..metrics import MetricsSink
 
 
 @dataclass(slots=True)
@@ -17,6 +18,8 @@ class Console:
     templates: jinja2.Environment
     engine: AsyncEngine | None = None
     """Set while the app runs (its cleanup_ctx opens and disposes it)."""
+    metrics: MetricsSink | None = None
+    """What `/metrics` serves: the proxy's metrics, when the console runs inside `serve`."""
 
     @property
     def token(self) -> str | None:

@@ -44,6 +44,8 @@ class Backlog:
         """Journaled records still in memory: (start, end, exchange), in journal order."""
         self._loose: deque[Exchange] = deque()
         """Records the journal refused, kept in memory only."""
+        self.journaled = 0
+        """Records appended to the journal since start."""
 
     def __len__(self) -> int:
         """Records held in memory for the writer."""
@@ -78,6 +80,7 @@ class Backlog:
             self.losses.kept_in_memory(buffered[:room])
             self.losses.lost(buffered[room:])
         else:
+            self.journaled += len(buffered)
             for ex, line, end in zip(buffered[: max(room, 0)], lines, ends, strict=False):
                 self._fresh.append(((end[0], end[1] - len(line)), end, ex))
         self.losses.report()
