@@ -181,6 +181,31 @@ MUTANTS = [
 ]
 
 
+FIRST = {
+    "withhold-every-usage-event": "tests/test_stream_relay.py",
+    "api-key-header-hint-whole": "tests/test_passthrough.py",
+    "short-key-hint-whole": "tests/test_passthrough.py",
+    "first-prefix-not-longest": "tests/test_passthrough.py",
+    "readyz-always-200": "tests/test_journal_faults.py",
+    "omit-request-alone-ignored": "tests/test_passthrough.py",
+    "omit-response-alone-ignored": "tests/test_passthrough.py",
+    "silent-upstream-as-disconnect": "tests/test_passthrough.py",
+    "no-identity-encoding-when-injecting": "tests/test_stream_relay.py",
+    "max-record-bytes-body": "tests/test_passthrough.py",
+    "max-record-bytes-events": "tests/test_stream_relay.py",
+    "stored-id-check-removed-sqlite": "tests/test_recorder.py",
+    "stored-id-check-removed-postgres": "tests/test_recorder.py",
+    "responses-arguments-setdefault": "tests/test_responses.py",
+    "responses-summary-not-collected": "tests/test_responses.py",
+    "responses-no-rebuild-from-done": "tests/test_responses.py",
+    "transcription-model-not-read": "tests/test_audio.py",
+    "responses-ttft-skips-reasoning": "tests/test_ttft.py",
+    "chat-ttft-skips-reasoning-content": "tests/test_assemble.py",
+}
+"""The test module that names each mutant's behaviour: it runs first, then the rest of the
+suite (the whole suite still runs for a mutant it lets through)."""
+
+
 def repository_files() -> list[str]:
     """The work tree's files that git knows of or would add (tracked or untracked, not ignored)."""
     listed = subprocess.run(
@@ -285,7 +310,8 @@ def main() -> int:
         try:
             repo = make_copy(files, where)
             apply(mutant, repo)
-            verdict, detail = run_suite(repo, args.timeout, args.pytest_args)
+            suite = args.pytest_args or [FIRST.get(mutant.name, "tests"), "tests"]
+            verdict, detail = run_suite(repo, args.timeout, suite)
         except (ValueError, RuntimeError) as exc:
             verdict, detail = "not applied", str(exc)
         finally:
