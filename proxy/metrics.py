@@ -27,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from .config import Config
 from .exchange import Exchange
 from .pricing import PriceTable, cost_of, normalize_usage
+from .store.report import FREE_ENDPOINT
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 REFRESH = 1.0
@@ -96,6 +97,18 @@ class _Bounded:
         return value
 
 
+def _should_cost(ex: Exchange, usage: Any) -> bool:
+    """Whether an exchange without a cost counts as unpriced: the cost report's rule
+    (`store.report.is_unpriced`), so the two always agree."""
+    paid = (
+        ex.model is not None
+        and ex.status is not None
+        and ex.status < 400
+        and not ex.path.endswith(FREE_ENDPOINT)
+    )
+    return usage is not None or ex.usage_source == "missing" or paid
+
+
 class MetricsSink:
     """The metrics of SPEC section 9, fed by finished exchanges; a sink (`proxy.sinks`)."""
 
@@ -112,7 +125,10 @@ class MetricsSink:
         self._written = self._journaled = 0
         self._dropped_held = 0
         self._task: asyncio.Task[None] | None = None
-        r, extra = self.registry, list(self._extra)
+        self._declare_counters(self.registry, list(self._extra))
+        self._declare_timings_and_gauges(self.registry)
+
+    def _declare_counters(self, r: CollectorRegistry, extra: list[str]) -> None:
         self.requests = Counter(
             "flightrec_requests",
             "Exchanges finished, by outcome and HTTP status class.",
@@ -155,6 +171,8 @@ class MetricsSink:
             "Spans not delivered: queue full or collector unreachable.",
             registry=r,
         )
+
+    def _declare_timings_and_gauges(self, r: CollectorRegistry) -> None:
         self.duration = Histogram(
             "flightrec_request_duration_seconds",
             "Request arrival to the end of the exchange.",
@@ -274,8 +292,7 @@ class MetricsSink:
         # Priced as `store.rows.cost_for` prices the record: the model that answered first.
         price = self._prices.lookup(ex.response_model or response.get("model") or ex.model)
         if price is None or tokens is None:
-            # As the cost report counts them: usage no price covers, or usage that is missing.
-            if usage is not None or ex.usage_source == "missing":
+            if _should_cost(ex, usage):
                 series.unpriced_held += 1
         else:
             series.cost_held += cost_of(price, tokens)

@@ -192,7 +192,7 @@ async def test_a_postgresql_stall_is_logged_once_and_so_is_its_end(
     def said(level: int, text: str) -> int:
         return sum(r.levelno == level and text in r.getMessage() for r in caplog.records)
 
-    with caplog.at_level(logging.INFO, logger="flightrec.recorder"):
+    with caplog.at_level(logging.INFO, logger="proxy.dbrecorder"):
         recorder.record(sent[0])
         await wait_until(lambda: recorder.ready() and not uncommitted(recorder))
         await asyncio.to_thread(relay.stall)
