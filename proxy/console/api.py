@@ -50,6 +50,13 @@ async def load_exchange(request: web.Request) -> dict[str, Any]:
 
 
 async def list_exchanges(request: web.Request) -> web.Response:
+    items, following, _ = await list_page(request)
+    return json_response({"items": items, "next": following})
+
+
+async def list_page(request: web.Request) -> tuple[list[dict[str, Any]], str | None, str | None]:
+    """One page of the list for the request's query (the API's and the page's): its items,
+    the cursor of the next page, and the cursor this page started at."""
     query = request.query
     params.check_known(query, params.LIST_PARAMS)
     filters = params.list_filters(query)
@@ -57,7 +64,7 @@ async def list_exchanges(request: web.Request) -> web.Response:
     items, following = await browse.list_page(
         state(request).db(), filters, limit=limit, cursor=cursor
     )
-    return json_response({"items": items, "next": following})
+    return items, following, cursor
 
 
 async def show_exchange(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from ..store import browse, detail, report, series
 from ..store.engine import StoreError
 from ..store.filters import Filters
 from ..store.read import get_exchange
-from . import auth, charts, params, views
+from . import api, auth, charts, params, views
 from .state import state
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -71,12 +71,7 @@ def _url(path: str, pairs: list[tuple[str, Any]]) -> str:
 
 async def list_view(request: web.Request) -> web.Response:
     query = request.query
-    params.check_known(query, params.LIST_PARAMS)
-    filters = params.list_filters(query)
-    limit, cursor = params.page(query)
-    items, following = await browse.list_page(
-        state(request).db(), filters, limit=limit, cursor=cursor
-    )
+    items, following, cursor = await api.list_page(request)
     kept = params.plain(query, params.LIST_PARAMS - {"cursor"})
     filter_pairs = [(k, v) for k, v in kept if k != "limit"]
     return render(
