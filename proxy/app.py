@@ -9,10 +9,8 @@ reverse order, each delivering everything it holds.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
-import signal
 from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
@@ -25,6 +23,7 @@ from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSI
 from .later import READ_DELAY, Later
 from .recorder import Explains, Recorder
 from .sinks import RecorderSink, Sink, Sinks
+from .stopping import until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +140,8 @@ async def run(
         config.port,
         ", ".join(f"{u.prefix} -> {u.base_url}" for u in config.upstreams),
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_stopped()
         log.info("stopping: finishing in-flight exchanges (up to %.0fs)", config.shutdown_grace)
     finally:
         if console is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..config import Config, ConfigError
 from ..metrics import MetricsSink, registry
+from ..stopping import until_stopped
 from ..store.read import reading
 from . import api, auth, pages
 from .auth import check_bind
@@ -102,11 +102,7 @@ async def run_console(config: Config) -> None:
     runner = await start_console(config)
     if runner is None:
         raise ConfigError("console_port: 0 means no console; give a port")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_stopped()
     finally:
         await runner.cleanup()
