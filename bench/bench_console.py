@@ -21,7 +21,6 @@ import random
 import sqlite3
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -224,20 +223,8 @@ async def run_sqlite(tmp: str, rows: int, runs: int) -> list[tuple[str, float]]:
 
 
 async def run_pg(base: str, rows: int, runs: int) -> list[tuple[str, float]]:
-    url = make_url(base)
-    admin = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(False))
-    name = f"flightrec_bench_{uuid.uuid4().hex[:10]}"
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        target = url.set(database=name).render_as_string(False)
-        await upgrade(target)
-        begin = time.perf_counter()
-        await fill_pg(target, rows)
-        print(f"postgresql generated {rows:,} exchanges in {time.perf_counter() - begin:.0f} s")
+    async with gen.filled_pg(base, rows, fill_pg) as target:
         return await time_api("postgresql", target, rows, runs)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 def table(rows: int, found: dict[str, list[tuple[str, float]]]) -> str:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sqlite3
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -237,7 +238,12 @@ async def run_sqlite(tmp: str, rows: int, with_reprice: bool) -> None:
     await time_reports("sqlite", url, rows, with_reprice)
 
 
-async def run_pg(base: str, rows: int, with_reprice: bool) -> None:
+@contextlib.asynccontextmanager
+async def filled_pg(
+    base: str, rows: int, fill: Callable[[str, int], Awaitable[None]]
+) -> AsyncIterator[str]:
+    """A scratch database on the server of `base`, migrated and filled with `rows` exchanges
+    by `fill`; its URL while the block runs, dropped after."""
     url = make_url(base)
     admin = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(False))
     name = f"flightrec_bench_{uuid.uuid4().hex[:10]}"
@@ -246,12 +252,17 @@ async def run_pg(base: str, rows: int, with_reprice: bool) -> None:
         target = url.set(database=name).render_as_string(False)
         await upgrade(target)
         begin = time.perf_counter()
-        await fill_pg(target, rows)
+        await fill(target, rows)
         print(f"postgresql generated {rows:,} exchanges in {time.perf_counter() - begin:.0f} s")
-        await time_reports("postgresql", target, rows, with_reprice)
+        yield target
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+async def run_pg(base: str, rows: int, with_reprice: bool) -> None:
+    async with filled_pg(base, rows, fill_pg) as target:
+        await time_reports("postgresql", target, rows, with_reprice)
 
 
 async def main() -> None:
