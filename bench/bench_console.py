@@ -35,7 +35,6 @@ from sqlalchemy.engine import make_url
 
 from proxy.config import Config
 from proxy.console import build_console
-from proxy.store import upgrade
 from proxy.store.browse import encode_cursor
 
 from . import bench_cost as gen
@@ -213,12 +212,7 @@ async def time_api(name: str, db_url: str, rows: int, runs: int) -> list[tuple[s
 
 
 async def run_sqlite(tmp: str, rows: int, runs: int) -> list[tuple[str, float]]:
-    path = f"{tmp}/bench.db"
-    url = f"sqlite+aiosqlite:///{path}"
-    await upgrade(url)
-    begin = time.perf_counter()
-    await asyncio.to_thread(fill_sqlite, path, rows)
-    print(f"sqlite     generated {rows:,} exchanges in {time.perf_counter() - begin:.0f} s")
+    url = await gen.filled_sqlite(tmp, rows, fill_sqlite)
     return await time_api("sqlite", url, rows, runs)
 
 

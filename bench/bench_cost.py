@@ -228,13 +228,20 @@ async def time_reports(name: str, url: str, rows: int, with_reprice: bool) -> li
     return seconds
 
 
-async def run_sqlite(tmp: str, rows: int, with_reprice: bool) -> None:
+async def filled_sqlite(tmp: str, rows: int, fill: Callable[[str, int], None]) -> str:
+    """The URL of a SQLite database in `tmp`, migrated and filled with `rows` exchanges by
+    `fill` (given the file's path, run on a worker thread)."""
     path = f"{tmp}/bench.db"
     url = f"sqlite+aiosqlite:///{path}"
     await upgrade(url)
     begin = time.perf_counter()
-    await asyncio.to_thread(fill_sqlite, path, rows)
+    await asyncio.to_thread(fill, path, rows)
     print(f"sqlite     generated {rows:,} exchanges in {time.perf_counter() - begin:.0f} s")
+    return url
+
+
+async def run_sqlite(tmp: str, rows: int, with_reprice: bool) -> None:
+    url = await filled_sqlite(tmp, rows, fill_sqlite)
     await time_reports("sqlite", url, rows, with_reprice)
 
 

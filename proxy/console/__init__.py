@@ -33,13 +33,15 @@ HERE = Path(__file__).parent
 
 
 def templates() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters.update(when=pages.when, ms=pages.ms, usd=pages.usd)
+    return env
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:

@@ -42,7 +42,6 @@ def usd(value: Any) -> str:
 
 def render(request: web.Request, name: str, status: int = 200, **context: Any) -> web.Response:
     env = state(request).templates
-    env.filters.update(when=when, ms=ms, usd=usd)
     context.setdefault("signed_in", bool(state(request).token))
     context.setdefault("path", request.path)
     html = env.get_template(name).render(**context)
