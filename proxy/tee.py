@@ -8,8 +8,9 @@ bytes go out, and when the record looks at them, is decided here:
   moment later (through `Later`): the kernel wakes the reader of a local socket on the writer's
   CPU, so work done straight after a write delays the client reading it.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
-  (`withhold.py`): a piece that may hold it is read first, and only the bytes up to the start
-  of the event being received go out.
+  (`withhold.py`): the whole events of a piece ahead of one that may hold it go out at once;
+  from that event on the piece is read first, and only the bytes up to the start of the event
+  being received go out.
 
 `finish()` fills the exchange once the response is over (`record.conclude`).
 """
@@ -29,7 +30,7 @@ from .exchange import Exchange
 from .later import Later
 from .rawcopy import RawCopy
 from .reader import BodyReader
-from .withhold import Withholder, holds_usage, without_null_usage
+from .withhold import Withholder, whole_events_before_usage, without_null_usage
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +119,15 @@ class StreamTee:
         now) and have it read; False once the client has gone."""
         if self._withholder is None:
             self._read_later(piece, await self._send(piece), None)
-        elif self.passes(piece):
-            out = without_null_usage(piece)
-            self._read_later(piece, await self._send(out), out)
-        else:
+            return self._client_here
+        passing = self._passing(piece)
+        if passing:
+            head, piece = piece[:passing], piece[passing:]
+            out = without_null_usage(head)
+            self._read_later(head, await self._send(out), out)
+        if piece:
+            # Read after the events ahead went out: a client waits for the end of a stream
+            # anyway, and the usage event comes last (docs/performance.md, back to back).
             out = self._read_now(piece)
             # Even b"": headers held for a first piece go out now.
             if await self._send(out):
@@ -161,14 +167,16 @@ class StreamTee:
             exchange.raw_pacing = self._raw.pacing()
 
     def passes(self, piece: bytes) -> bool:
-        """Whether `piece` may go to the client before it is read although an event is being
-        withheld: it starts and ends between events and none of them carries usage. So only
-        the usage event itself waits to be parsed, not the first byte of every stream."""
-        return (
-            self._between_events()
-            and piece.endswith((b"\n\n", b"\n\r\n"))
-            and not holds_usage(piece)
-        )
+        """Whether all of `piece` may go to the client before it is read although an event is
+        being withheld (`_passing`)."""
+        return len(piece) > 0 and self._passing(piece) == len(piece)
+
+    def _passing(self, piece: bytes) -> int:
+        """How many bytes at the start of `piece` may go to the client before they are read
+        although an event is being withheld: whole events, from between events, none carrying
+        usage. So only the usage event waits to be parsed, not the first byte of every stream
+        nor the events that came in the same piece ahead of it."""
+        return whole_events_before_usage(piece) if self._between_events() else 0
 
     async def _send(self, data: bytes) -> bool:
         """Write to the client; False once it has gone."""

@@ -22,6 +22,17 @@ def holds_usage(piece: bytes) -> bool:
     return _USAGE_VALUE.search(piece) is not None
 
 
+def whole_events_before_usage(piece: bytes) -> int:
+    """How many bytes at the start of `piece`, which starts between events, are whole events
+    ahead of the first usage key whose value is not null (all of it when it ends an event and
+    has none). A blank line ends an event whatever came before it."""
+    found = _USAGE_VALUE.search(piece)
+    end = len(piece) if found is None else found.start()
+    lf = piece.rfind(b"\n\n", 0, end)
+    crlf = piece.rfind(b"\n\r\n", 0, end)
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+
+
 def without_null_usage(events: bytes) -> bytes:
     """Whole events with their `"usage":null` members removed. An upstream asked for stream
     usage adds one to every chunk (OpenAI does); a client that did not ask gets the chunks

@@ -21,6 +21,7 @@ from proxy.endpoints import endpoint
 from proxy.exchange import Exchange
 from proxy.later import Later
 from proxy.tee import StreamTee
+from proxy.withhold import whole_events_before_usage
 
 from .conftest import FakeUpstream, RunningProxy, captures
 from .streamgen import chunks_to_sse, completion_to_chunks, cut_bytes
@@ -341,6 +342,18 @@ class Client:
         self.received += data
 
 
+class Writes(Client):
+    """A client that keeps each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        await super().write(data)
+        self.writes.append(data)
+
+
 def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> StreamTee:
     settings: dict[str, Any] = {"max_record_bytes": 1 << 20, **options}
     client = settings.pop("client", None) or Client()
@@ -446,6 +459,41 @@ async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at()
     assert client.received == first + half
     tee.finish()
     assert tee.exchange.response_json["choices"][0]["message"]["content"] == "Hi"
+
+
+async def test_events_ahead_of_the_usage_event_go_out_before_it_is_read() -> None:
+    """A short stream can come in one piece, usage event and all: the events ahead of it
+    are written first, as they would have come without the option, and only the usage event
+    waits to be read; what the client gets in all is the stream without it."""
+    client = Writes()
+    tee = _chat_tee(Later(delay=60), withhold=True, client=client)
+    content = [_chunk("Hi"), _chunk(None, finish_reason="stop")]
+    usage = {**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}
+    with_null = [{**chunk, "usage": None} for chunk in content]
+    await tee.relay(chunks_to_sse([*with_null, usage]))
+    ahead = chunks_to_sse(content, done=False)
+    assert client.writes == [ahead, b"data: [DONE]\n\n"]
+    await tee.end(whole=True)
+    tee.finish()
+    exchange = tee.exchange
+    assert (exchange.chunks, exchange.usage) == (4, {"total_tokens": 3})
+    assert exchange.response_bytes == len(client.received) == len(ahead) + 14
+    assert exchange.response_json["choices"][0]["message"]["content"] == "Hi"
+
+
+@pytest.mark.parametrize(
+    ("piece", "ahead"),
+    [
+        (b'data: {"a":1}\n\ndata: {"choices":[],"usage":{"t":1}}\n\n', 15),
+        (b'data: {"a":1}\r\n\r\ndata: {"usage": {"t":1}}\r\n\r\n', 17),
+        (b'data: {"choices":[],"usage":{"t":1}}\n\n', 0),
+        (b'data: {"a":1}\n\ndata: {"a":', 15),  # the last event is still coming
+        (b'data: {"a":1,"usage":null}\n\n', 28),
+        (b'data: {"a":1}', 0),
+    ],
+)
+def test_the_whole_events_ahead_of_a_usage_key(piece: bytes, ahead: int) -> None:
+    assert whole_events_before_usage(piece) == ahead
 
 
 async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
