@@ -29,6 +29,8 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .config import Upstream
+from .keep import redact_record
+from .redact import Redactor
 from .replay import relative_path
 from .store.filters import Filters
 from .store.scan import stream_records
@@ -188,6 +190,7 @@ def har_entry(record: dict[str, Any]) -> dict[str, Any]:
                 "tags",
                 "user",
                 "replay_of",
+                "redacted",
             )
         },
     }
@@ -216,8 +219,11 @@ async def export(
     *,
     upstreams: tuple[Upstream, ...],
     endpoint: str = BATCH_ENDPOINTS[0],
+    redactor: Redactor | None = None,
 ) -> int:
-    """Write the exchanges `filters` selects in `fmt`; returns how many were written."""
+    """Write the exchanges `filters` selects in `fmt`, redacted by `redactor` (the configured
+    `[[redact]]` rules, so records stored before a rule existed come out clean); returns how
+    many were written."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
     if fmt == "csv":
@@ -227,6 +233,8 @@ async def export(
         write(b'{"log":{"version":"1.2","creator":' + orjson.dumps(creator) + b',"entries":[\n')
     count = 0
     async for record in stream_records(engine, filters, raw_streams=fmt == "har"):
+        if redactor is not None:
+            redact_record(redactor, record)
         if fmt == "jsonl":
             write(orjson.dumps(record, option=_JSON) + b"\n")
         elif fmt == "csv":

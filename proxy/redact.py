@@ -1,0 +1,267 @@
+"""Redaction: `[[redact]]` rules that keep secrets and personal data out of every record.
+
+A rule is a named preset (`PRESETS`) or a Python regular expression, and the literal text
+that replaces what it matches (default `[REDACTED:<name>]`). Rules run in the order given,
+over the record as it is made (`keep.py`, before any sink) and over what `export` writes, so
+an exchange stored before a rule existed comes out clean too. The client's bytes are never
+touched: the record is redacted after the exchange ended.
+
+JSON is redacted string by string (keys too), after parsing, so an escape (`\\u0040`) cannot
+hide a match and the JSON stays valid; a string that is itself JSON (tool-call `arguments`)
+is parsed and walked the same way. Raw bodies are redacted as UTF-8 text, byte for byte
+elsewhere. What cannot be redacted faithfully is dropped: when any rule matched in the
+answer (or in a stream's raw bytes), the stream's raw bytes and the answer's logprobs are not
+kept, since a secret split across SSE events or tokens matches in neither.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+PRESETS: dict[str, str] = {
+    "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
+    "card": r"(?<![\d.])\d(?:[ -]?\d){12,18}(?!\d)",
+    "phone": (
+        r"(?<![\w+])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]?\d{2,4}){1,4}"
+        r"|\(\d{3}\)[ .-]?\d{3}[ .-]?\d{4}|\d{3}[.-]\d{3}[.-]\d{4})(?!\w)"
+    ),
+    "api_key": (
+        r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
+        r"|Bearer\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token
+        r"|AKIA[0-9A-Z]{16}"  # AWS access key id
+        r"|AIza[0-9A-Za-z_-]{35}"  # Google API key
+        r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"  # GitHub
+        r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+        r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
+        r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
+        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # a JWT
+        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----[\s\S]{0,8000}?"  # a PEM private key
+        r"-----END[A-Z ]{0,20} PRIVATE KEY-----)"
+    ),
+}
+"""Patterns of the presets; `card` and `phone` are also checked by `_CHECKS`."""
+
+
+def luhn(digits: str) -> bool:
+    """Whether a run of digits (spaces and dashes ignored) passes the Luhn check."""
+    total = 0
+    for position, char in enumerate(reversed(digits.replace(" ", "").replace("-", ""))):
+        value = int(char) * (2 if position % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return total % 10 == 0
+
+
+def _phone_digits(text: str) -> bool:
+    return 7 <= sum(char.isdigit() for char in text) <= 15
+
+
+_CHECKS: dict[str, Callable[[str], bool]] = {"card": luhn, "phone": _phone_digits}
+_HINTS = {"email": "@"}
+"""A substring every match of the preset holds: text without it is not searched."""
+
+
+@dataclass(frozen=True, slots=True)
+class RedactRule:
+    """One `[[redact]]` rule as configured (checked by `parse_rules`)."""
+
+    name: str
+    pattern: str
+    """The regular expression: the preset's, or the rule's own."""
+    replace: str
+    preset: str | None = None
+
+
+def parse_rules(raw: Any, error: Callable[[str], Exception]) -> tuple[RedactRule, ...]:
+    """The `[[redact]]` tables, or (from the environment) preset names separated by commas;
+    each problem raises `error(message)` naming the rule's index."""
+    if isinstance(raw, str):
+        raw = [{"preset": name.strip()} for name in raw.split(",") if name.strip()]
+    if not isinstance(raw, list):
+        raise error("redact: expected an array of tables ([[redact]])")
+    rules: list[RedactRule] = []
+    for at, entry in enumerate(raw):
+        rule = _rule(f"redact[{at}]", entry, error)
+        if any(known.name == rule.name for known in rules):
+            raise error(f"redact[{at}].name: {rule.name!r} names another rule already")
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _rule(where: str, entry: Any, error: Callable[[str], Exception]) -> RedactRule:
+    if not isinstance(entry, dict):
+        raise error(f"{where}: expected a table")
+    for key in entry:
+        if key not in ("name", "preset", "pattern", "replace"):
+            raise error(f"{where}.{key}: unknown key (known: name, preset, pattern, replace)")
+    preset, pattern = entry.get("preset"), entry.get("pattern")
+    if (preset is None) == (pattern is None):
+        raise error(f"{where}: give either preset or pattern")
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise error(f"{where}.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
+        pattern = PRESETS[preset]
+    elif not isinstance(pattern, str) or not pattern:
+        raise error(f"{where}.pattern: expected a regular expression, got {pattern!r}")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise error(f"{where}.pattern: not a valid regular expression: {exc}") from None
+    name = entry.get("name", preset or "pattern")
+    if not isinstance(name, str) or not name:
+        raise error(f"{where}.name: expected a non-empty string, got {name!r}")
+    replace = entry.get("replace", f"[REDACTED:{name}]")
+    if not isinstance(replace, str):
+        raise error(f"{where}.replace: expected a string, got {replace!r}")
+    return RedactRule(name, pattern, replace, preset)
+
+
+class _Compiled:
+    __slots__ = ("check", "hint", "name", "regex", "replace")
+
+    def __init__(self, rule: RedactRule) -> None:
+        self.name = rule.name
+        self.regex = re.compile(rule.pattern)
+        self.replace = rule.replace
+        self.check = _CHECKS.get(rule.preset or "")
+        self.hint = _HINTS.get(rule.preset or "")
+
+    def apply(self, text: str) -> str | None:
+        """`text` redacted; None when nothing matched."""
+        if self.hint is not None and self.hint not in text:
+            return None
+        check, replace, hit = self.check, self.replace, False
+
+        def substitute(match: re.Match[str]) -> str:
+            nonlocal hit
+            if check is not None and not check(match.group()):
+                return match.group()
+            hit = True
+            return replace
+
+        out = self.regex.sub(substitute, text)
+        return out if hit else None
+
+
+Hits = set[str]
+"""Names of the rules that matched."""
+
+
+class Redactor:
+    """Compiled rules, applied to text, bytes and JSON values."""
+
+    def __init__(self, rules: tuple[RedactRule, ...]) -> None:
+        self._rules = tuple(_Compiled(rule) for rule in rules)
+
+    def text(self, text: str, hits: Hits) -> str:
+        """`text` redacted (the same object when nothing matched); names added to `hits`."""
+        if text[:1] in ("{", "[") and len(text) > 1:
+            inner = _loads(text)
+            if isinstance(inner, dict | list):
+                found: Hits = set()
+                self.walk(inner, found)
+                if not found:
+                    return text
+                hits |= found
+                return dumps(inner)
+        for rule in self._rules:
+            out = rule.apply(text)
+            if out is not None:
+                hits.add(rule.name)
+                text = out
+        return text
+
+    def data(self, data: bytes, hits: Hits) -> bytes:
+        """Raw bytes redacted as UTF-8 text; bytes that are not UTF-8 kept as they are."""
+        text = data.decode("utf-8", "surrogateescape")
+        out = self.text(text, hits)
+        return data if out is text else out.encode("utf-8", "surrogateescape")
+
+    def value(self, value: Any, hits: Hits) -> Any:
+        """A JSON value, text or bytes, redacted (containers in place)."""
+        if isinstance(value, str):
+            return self.text(value, hits)
+        if isinstance(value, bytes):
+            return self.data(value, hits)
+        if isinstance(value, dict | list):
+            self.walk(value, hits)
+        return value
+
+    def walk(self, root: dict[str, Any] | list[Any], hits: Hits) -> None:
+        """Redact every string in a JSON value in place, keys too; no recursion, so any depth."""
+        stack: list[Any] = [root]
+        while stack:  # bounded: each container is pushed once
+            node = stack.pop()
+            if isinstance(node, dict):
+                renamed = [
+                    (key, new)
+                    for key in node
+                    if isinstance(key, str) and (new := self.text(key, hits)) is not key
+                ]
+                for key, new in renamed:
+                    node[new] = node.pop(key)
+                items: Any = node.items()
+            else:
+                items = enumerate(node)
+            for key, item in list(items):
+                if isinstance(item, str):
+                    node[key] = self.text(item, hits)
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+
+    def answer(self, response: Any, raw_stream: bytes | None, hits: Hits) -> tuple[Any, list[str]]:
+        """An answer (JSON, text or bytes; containers in place) redacted, and what cannot be
+        kept of it: `raw_stream` and `logprobs`, when any rule matched in it or in the
+        stream's raw bytes (`raw_stream`, gzip or plain, is only searched)."""
+        found: Hits = set()
+        response = self.value(response, found)
+        if raw_stream is not None and not found:
+            for _ in range(2):  # the copy's gzip, then the upstream's own compression
+                if raw_stream.startswith(b"\x1f\x8b"):
+                    raw_stream = gzip.decompress(raw_stream)
+            self.data(raw_stream, found)
+        if not found:
+            return response, []
+        hits |= found
+        dropped = ["raw_stream"] if raw_stream is not None else []
+        if drop_logprobs(response):
+            dropped.append("logprobs")
+        return response, dropped
+
+
+def drop_logprobs(response: Any) -> bool:
+    """Set every `logprobs` in a response to null, in place (chat and text choices, Responses
+    API output content, stream events); whether there were any."""
+    dropped = False
+    stack: list[Any] = [response]
+    while stack:  # bounded: each container is pushed once
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("logprobs") is not None:
+                node["logprobs"] = None
+                dropped = True
+            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+    return dropped
+
+
+def dumps(value: Any) -> str:
+    """JSON text as the store writes it (ints beyond 64 bits by the stdlib)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value, default=str)
+
+
+def _loads(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
