@@ -360,7 +360,9 @@ def load(
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw:
         config = replace(config, prices=_parse_prices(raw["prices"]))
-    rules = env.get(ENV_PREFIX + "REDACT", raw.get("redact"))
+    rules = raw.get("redact")
+    if (presets := env.get(ENV_PREFIX + "REDACT")) is not None:  # preset names, by commas
+        rules = [{"preset": name.strip()} for name in presets.split(",") if name.strip()]
     if rules is not None:
         config = replace(config, redact=parse_rules(rules, ConfigError))
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"

@@ -79,10 +79,7 @@ class RedactRule:
 
 
 def parse_rules(raw: Any, error: Callable[[str], Exception]) -> tuple[RedactRule, ...]:
-    """The `[[redact]]` tables, or (from the environment) preset names separated by commas;
-    each problem raises `error(message)` naming the rule's index."""
-    if isinstance(raw, str):
-        raw = [{"preset": name.strip()} for name in raw.split(",") if name.strip()]
+    """The `[[redact]]` tables; each problem raises `error(message)` naming the rule's index."""
     if not isinstance(raw, list):
         raise error("redact: expected an array of tables ([[redact]])")
     rules: list[RedactRule] = []
