@@ -290,7 +290,7 @@ async def test_no_output_holds_what_a_rule_matches(
     for where in ("rows", "otlp", "export jsonl", "export csv", "export har", "export batch"):
         assert set(found.get(where, ())) == set(NEEDLES), where
     assert set(found["while journaled: journal"]) == set(NEEDLES)
-    assert outputs["rows"].count(PIECES[2].encode()) == 2  # the raw stream, a logprob token
+    assert PIECES[2].encode() in outputs["rows"]  # in the raw stream and the logprob tokens
     if db_url.startswith("sqlite"):
         assert set(found["while written: flightrec.db-wal"]) == set(NEEDLES)
     # ... but secret-named query parameters are masked always.
