@@ -17,6 +17,7 @@ kept, since a secret split across SSE events or tokens matches in neither.
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import re
 from collections.abc import Callable
@@ -27,13 +28,13 @@ import orjson
 
 PRESETS: dict[str, str] = {
     "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
-    "card": r"(?<![\d.])\d(?:[ -]?\d){12,18}(?!\d)",
+    "card": r"\d(?:[ -]?\d){12,18}(?!\d)",
     "phone": (
-        r"(?<![\w+])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]?\d{2,4}){1,4}"
+        r"(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]?\d{2,4}){1,4}"
         r"|\(\d{3}\)[ .-]?\d{3}[ .-]?\d{4}|\d{3}[.-]\d{3}[.-]\d{4})(?!\w)"
     ),
     "api_key": (
-        r"(?<![A-Za-z0-9])(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
+        r"(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
         r"|Bearer\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token
         r"|AKIA[0-9A-Z]{16}"  # AWS access key id
         r"|AIza[0-9A-Za-z_-]{35}"  # Google API key
@@ -46,7 +47,9 @@ PRESETS: dict[str, str] = {
         r"-----END[A-Z ]{0,20} PRIVATE KEY-----)"
     ),
 }
-"""Patterns of the presets; `card` and `phone` are also checked by `_CHECKS`."""
+"""Patterns of the presets, each also checked by `_CHECKS`. None starts with a lookbehind
+(what comes before a match is the check's to judge): a pattern that starts with a character
+class is searched many times faster by Python's engine."""
 
 
 def luhn(digits: str) -> bool:
@@ -58,11 +61,37 @@ def luhn(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _phone_digits(text: str) -> bool:
-    return 7 <= sum(char.isdigit() for char in text) <= 15
+def _before(match: re.Match[str]) -> str:
+    """The character before a match ("" at the start)."""
+    start = match.start()
+    return match.string[start - 1] if start else ""
 
 
-_CHECKS: dict[str, Callable[[str], bool]] = {"card": luhn, "phone": _phone_digits}
+def _card(match: re.Match[str]) -> bool:
+    """Not the tail of a longer number or of a decimal fraction, and Luhn-valid."""
+    before = _before(match)
+    return not (before and before in "0123456789.") and luhn(match.group())
+
+
+def _phone(match: re.Match[str]) -> bool:
+    """Not the tail of a word or a number, and 7 to 15 digits (E.164's most)."""
+    before = _before(match)
+    if before and (before.isalnum() or before in "_+"):
+        return False
+    return 7 <= sum(char.isdigit() for char in match.group()) <= 15
+
+
+def _key(match: re.Match[str]) -> bool:
+    """Not the tail of a word (`task-...` is not an `sk-` key)."""
+    before = _before(match)
+    return not (before.isascii() and before.isalnum())
+
+
+_CHECKS: dict[str, Callable[[re.Match[str]], bool]] = {
+    "card": _card,
+    "phone": _phone,
+    "api_key": _key,
+}
 _HINTS = {"email": "@"}
 """A substring every match of the preset holds: text without it is not searched."""
 
@@ -119,8 +148,18 @@ def _rule(where: str, entry: Any, error: Callable[[str], Exception]) -> RedactRu
     return RedactRule(name, pattern, replace, preset)
 
 
+def shortest(pattern: str) -> int:
+    """The fewest characters a match of `pattern` can have (0 when that cannot be told):
+    shorter texts (most logprob tokens) need not be searched."""
+    try:
+        parser: Any = importlib.import_module("re._parser")  # CPython's own, 3.11+
+        return int(parser.parse(pattern).getwidth()[0])
+    except Exception:  # another Python: search everything
+        return 0
+
+
 class _Compiled:
-    __slots__ = ("check", "hint", "name", "regex", "replace")
+    __slots__ = ("check", "hint", "name", "regex", "replace", "screens", "shortest")
 
     def __init__(self, rule: RedactRule) -> None:
         self.name = rule.name
@@ -128,16 +167,29 @@ class _Compiled:
         self.replace = rule.replace
         self.check = _CHECKS.get(rule.preset or "")
         self.hint = _HINTS.get(rule.preset or "")
+        self.shortest = shortest(rule.pattern)
+        self.screens = rule.preset is not None
+        """Whether a whole JSON value's text can be searched at once for this rule
+        (`Redactor._candidates`): only for the presets, known not to lose a match by it (a
+        pattern's anchors or lookarounds could)."""
+
+    def found_in(self, text: str) -> bool:
+        """Whether the rule matches somewhere in `text` (nothing is replaced)."""
+        if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
+            return False
+        if self.check is None:
+            return self.regex.search(text) is not None
+        return any(self.check(match) for match in self.regex.finditer(text))
 
     def apply(self, text: str) -> str | None:
         """`text` redacted; None when nothing matched."""
-        if self.hint is not None and self.hint not in text:
+        if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
             return None
         check, replace, hit = self.check, self.replace, False
 
         def substitute(match: re.Match[str]) -> str:
             nonlocal hit
-            if check is not None and not check(match.group()):
+            if check is not None and not check(match):
                 return match.group()
             hit = True
             return replace
@@ -155,9 +207,13 @@ class Redactor:
 
     def __init__(self, rules: tuple[RedactRule, ...]) -> None:
         self._rules = tuple(_Compiled(rule) for rule in rules)
+        self._shortest = min((rule.shortest for rule in self._rules), default=0)
 
-    def text(self, text: str, hits: Hits) -> str:
-        """`text` redacted (the same object when nothing matched); names added to `hits`."""
+    def text(self, text: str, hits: Hits, rules: tuple[_Compiled, ...] | None = None) -> str:
+        """`text` redacted by `rules` (default all; the same object when nothing matched);
+        names of the rules that matched added to `hits`."""
+        if len(text) < self._shortest:
+            return text
         if text[:1] in ("{", "[") and len(text) > 1:
             inner = _loads(text)
             if isinstance(inner, dict | list):
@@ -167,7 +223,7 @@ class Redactor:
                     return text
                 hits |= found
                 return dumps(inner)
-        for rule in self._rules:
+        for rule in self._rules if rules is None else rules:
             out = rule.apply(text)
             if out is not None:
                 hits.add(rule.name)
@@ -191,26 +247,55 @@ class Redactor:
         return value
 
     def walk(self, root: dict[str, Any] | list[Any], hits: Hits) -> None:
-        """Redact every string in a JSON value in place, keys too; no recursion, so any depth."""
+        """Redact every string in a JSON value in place, keys too; no recursion, so any depth.
+
+        The value is searched whole first (`_candidates`): most hold no match, and then no
+        string of it is searched on its own."""
+        rules = self._candidates(root)
+        if rules is None:
+            return
+        renamed: list[tuple[dict[str, Any], str, str]] = []
         stack: list[Any] = [root]
         while stack:  # bounded: each container is pushed once
             node = stack.pop()
             if isinstance(node, dict):
-                renamed = [
-                    (key, new)
-                    for key in node
-                    if isinstance(key, str) and (new := self.text(key, hits)) is not key
-                ]
-                for key, new in renamed:
-                    node[new] = node.pop(key)
+                for key in node:
+                    if isinstance(key, str) and (new := self.text(key, hits, rules)) is not key:
+                        renamed.append((node, key, new))
                 items: Any = node.items()
             else:
                 items = enumerate(node)
-            for key, item in list(items):
+            for key, item in items:
                 if isinstance(item, str):
-                    node[key] = self.text(item, hits)
+                    if (new := self.text(item, hits, rules)) is not item:
+                        node[key] = new
                 elif isinstance(item, dict | list):
                     stack.append(item)
+        for node, key, new in renamed:  # after the values: every one of them was searched
+            node[new] = node.pop(key)
+
+    def _candidates(self, root: dict[str, Any] | list[Any]) -> tuple[_Compiled, ...] | None:
+        """The rules that may match in a JSON value, found by searching its text once (the
+        presets; any other rule may): the first that may and all after it; None when none
+        may and no string in it is JSON.
+
+        The text is the value serialised with its strings' escapes undone, so each string
+        stands in it as it is, between quotes: a preset (none matches a quote, nor across
+        one, and each check accepts a quote before a match as it accepts the start) matches
+        in it wherever it matches in one of the strings. A string that is JSON itself (it
+        starts with `{` or `[`) is parsed and searched on its own (`text`)."""
+        try:
+            serialised = orjson.dumps(root, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # ints beyond 64 bits: search string by string
+            return self._rules
+        nested = _NESTED_JSON.search(serialised) is not None
+        if "\\" in serialised:
+            serialised = _ESCAPE.sub(_unescape, serialised)
+        for at, rule in enumerate(self._rules):
+            if not rule.screens or rule.found_in(serialised):
+                # The rules after it see its replacements (new text around a match): each may.
+                return self._rules[at:]
+        return () if nested else None
 
     def answer(self, response: Any, raw_stream: bytes | None, hits: Hits) -> tuple[Any, list[str]]:
         """An answer (JSON, text or bytes; containers in place) redacted, and what cannot be
@@ -247,6 +332,18 @@ def drop_logprobs(response: Any) -> bool:
         elif isinstance(node, list):
             stack.extend(v for v in node if isinstance(v, dict | list))
     return dropped
+
+
+_NESTED_JSON = re.compile(r'[\[{:,]"[\[{]')
+"""In serialised JSON: a string (value or key) that starts with `{` or `[` (a quote inside a
+string is always escaped, so a quote after `[{:,]` opens one)."""
+_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code = match.group(1)
+    return _ESCAPED.get(code) or chr(int(code[1:], 16))
 
 
 def dumps(value: Any) -> str:

@@ -4,6 +4,7 @@ what is dropped from an answer, and `store_bodies = "metadata"` through the real
 
 from __future__ import annotations
 
+import copy
 import gzip
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 import orjson
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.config import Config, ConfigError, load
 from proxy.exchange import Exchange
@@ -265,3 +268,53 @@ async def test_metadata_through_the_proxy_stores_no_body_and_the_same_cost(
         await engine.dispose()
     assert costs[0] == costs[1] and all(cost for _, cost, _ in costs[1])
     assert len(costs[1]) == 2
+
+
+PIECES = [
+    "jane@example.org",
+    "4111 1111 1111 1111",
+    "4111111111111112",
+    "555-123-4567",
+    "+44 20 7946 0958",
+    "sk-abcdefghijklmnopqrstuvwx01",
+    "Bearer abcdefghijklmnop",
+    '"',
+    "\\",
+    "\n",
+    "\x01",
+    "{",
+    "[",
+    ".",
+    "a",
+    "7",
+    " ",
+    "é",
+]
+
+
+def _naive(value: Any, hits: Hits) -> Any:
+    """Every string searched by every rule on its own: what the whole-value search must equal."""
+    if isinstance(value, str):
+        return ALL.text(value, hits)
+    if isinstance(value, list):
+        return [_naive(item, hits) for item in value]
+    if isinstance(value, dict):
+        return {_naive(key, hits): _naive(item, hits) for key, item in value.items()}
+    return value
+
+
+texts = st.lists(st.sampled_from(PIECES), max_size=6).map("".join)
+values = st.recursive(
+    st.one_of(texts, st.integers(), st.floats(allow_nan=False), st.none()),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+@given(st.one_of(st.lists(values, max_size=4), st.dictionaries(texts, values, max_size=4)))
+def test_searching_a_value_whole_finds_what_each_string_holds(value: Any) -> None:
+    expected_hits: Hits = set()
+    expected = _naive(copy.deepcopy(value), expected_hits)
+    hits: Hits = set()
+    ALL.walk(value, hits)
+    assert (value, hits) == (expected, expected_hits)
