@@ -285,6 +285,9 @@ async def test_no_output_holds_what_a_rule_matches(
         assert PIECES[2].encode() not in b"".join(outputs.values())
         assert b'"rules":["api_key","card","email"]' in outputs["export jsonl"]
         assert b'"dropped":["raw_stream","logprobs"]' in outputs["export jsonl"]
+        stream_id = orjson.loads(outputs["export jsonl"].splitlines()[1])["id"]
+        shown = await cli("show", stream_id, "--config", str(tmp_path / "flightrec.toml"))
+        assert "redacted     api_key, card, email; not kept: raw_stream, logprobs" in shown.out
         return
     # Without rules each kind of output holds them (so the test above can fail) ...
     for where in ("rows", "otlp", "export jsonl", "export csv", "export har", "export batch"):
