@@ -28,10 +28,11 @@ import orjson
 
 PRESETS: dict[str, str] = {
     "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
-    "card": r"\d(?:[ -]?\d){12,18}(?!\d)",
-    "phone": (
-        r"(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]?\d{2,4}){1,4}"
-        r"|\(\d{3}\)[ .-]?\d{3}[ .-]?\d{4}|\d{3}[.-]\d{3}[.-]\d{4})(?!\w)"
+    "card": r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])",
+    "phone": (  # the first character taken by one class, then told apart by lookbehinds
+        r"[+(0-9](?:(?<=\+)[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)|[0-9]{1,4})(?:[ .-]?[0-9]{2,4}){1,4}"
+        r"|(?<=\()[0-9]{3}\)[ .-]?[0-9]{3}[ .-]?[0-9]{4}"
+        r"|(?<=[0-9])[0-9]{2}[.-][0-9]{3}[.-][0-9]{4})(?!\w)"
     ),
     "api_key": (
         r"(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
@@ -48,8 +49,9 @@ PRESETS: dict[str, str] = {
     ),
 }
 """Patterns of the presets, each also checked by `_CHECKS`. None starts with a lookbehind
-(what comes before a match is the check's to judge): a pattern that starts with a character
-class is searched many times faster by Python's engine."""
+or an alternation (what comes before a match is the check's to judge): Python's engine
+searches a pattern that starts with one character class up to ten times faster. Digits are
+ASCII (`[0-9]` is faster than a digit category)."""
 
 
 def luhn(digits: str) -> bool:
