@@ -15,7 +15,8 @@ from typing import Any
 
 from .config import Config
 from .exchange import Exchange
-from .redact import Hits, Redactor, dumps
+from .jsontext import dumps
+from .redact import Hits, Redactor
 
 log = logging.getLogger(__name__)
 

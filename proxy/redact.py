@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import importlib
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +25,11 @@ from typing import Any
 
 import orjson
 
+from .jsontext import dumps
+
 PRESETS: dict[str, str] = {
     "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
-    "card": r"[0-9](?:[ -]?[0-9]){12,18}(?![0-9])",
+    "card": r"[1-9](?:[ -]?[0-9]){12,18}(?![0-9A-Za-z_])",
     "phone": (  # the first character taken by one class, then told apart by lookbehinds
         r"[+(0-9](?:(?<=\+)[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)|[0-9]{1,4})(?:[ .-]?[0-9]{2,4}){1,4}"
         r"|(?<=\()[0-9]{3}\)[ .-]?[0-9]{3}[ .-]?[0-9]{4}"
@@ -70,9 +71,10 @@ def _before(match: re.Match[str]) -> str:
 
 
 def _card(match: re.Match[str]) -> bool:
-    """Not the tail of a longer number or of a decimal fraction, and Luhn-valid."""
+    """Not the tail of a word, a longer number or a decimal fraction (`chatcmpl-AB00000...`
+    is an id), and Luhn-valid."""
     before = _before(match)
-    return not (before and before in "0123456789.") and luhn(match.group())
+    return not (before and (before.isalnum() or before in "._")) and luhn(match.group())
 
 
 def _phone(match: re.Match[str]) -> bool:
@@ -346,14 +348,6 @@ _ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r"
 def _unescape(match: re.Match[str]) -> str:
     code = match.group(1)
     return _ESCAPED.get(code) or chr(int(code[1:], 16))
-
-
-def dumps(value: Any) -> str:
-    """JSON text as the store writes it (ints beyond 64 bits by the stdlib)."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:
-        return json.dumps(value, default=str)
 
 
 def _loads(text: str) -> Any:

@@ -70,6 +70,7 @@ def test_each_preset_replaces_what_it_is_for(found: str, rule: str) -> None:
         "task-abcdefghijklmnopqrstuvwxyz and risk-0123456789012345678901",
         "Bearer authentication is a scheme; user@localhost has no domain",
         "id 0199a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b",
+        "id chatcmpl-AUbenchmock0000000000000000 and 4111111111111111x",
         "[REDACTED:email] stays",
     ],
 )

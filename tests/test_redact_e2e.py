@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 from sqlalchemy.engine import make_url
 
-from .conftest import reserved_port, start_site, wait_until_up
+from .conftest import reserved_port, serving, wait_until_up
 from .dbs import db_url
 from .recordings import cli
 
@@ -98,12 +98,8 @@ async def _answer(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 async def upstream() -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", _answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    yield await start_site(runner) + "/v1"
-    await runner.cleanup()
+    async with serving("/v1/chat/completions", _answer) as url:
+        yield url + "/v1"
 
 
 @dataclass
@@ -120,13 +116,9 @@ async def collector() -> AsyncIterator[Collector]:
         found.bodies.append(await request.read())
         return web.Response(body=b"", content_type="application/x-protobuf")
 
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    found.url = await start_site(runner) + "/v1/traces"
-    yield found
-    await runner.cleanup()
+    async with serving("/v1/traces", traces) as url:
+        found.url = url + "/v1/traces"
+        yield found
 
 
 def _config(tmp_path: Path, db: str, collector: Collector, rules: str) -> Path:
