@@ -27,5 +27,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("exchanges") as batch:
-        batch.drop_column("redacted")
+    # SQLite (3.35+) drops a column in place: no copy of the table, its indexes untouched.
+    op.drop_column("exchanges", "redacted")
