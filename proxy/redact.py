@@ -45,7 +45,7 @@ PRESETS: dict[str, str] = {
         r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
         r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
         r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # a JWT
-        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----[\s\S]{0,8000}?"  # a PEM private key
+        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----[A-Za-z0-9+/=\s:,-]{0,8000}?"  # PEM
         r"-----END[A-Z ]{0,20} PRIVATE KEY-----)"
     ),
 }
@@ -140,9 +140,11 @@ def _rule(where: str, entry: Any, error: Callable[[str], Exception]) -> RedactRu
     elif not isinstance(pattern, str) or not pattern:
         raise error(f"{where}.pattern: expected a regular expression, got {pattern!r}")
     try:
-        re.compile(pattern)
+        empty = re.compile(pattern).fullmatch("")
     except re.error as exc:
         raise error(f"{where}.pattern: not a valid regular expression: {exc}") from None
+    if empty is not None:
+        raise error(f"{where}.pattern: matches the empty string, so it would match everywhere")
     name = entry.get("name", preset or "pattern")
     if not isinstance(name, str) or not name:
         raise error(f"{where}.name: expected a non-empty string, got {name!r}")
@@ -286,8 +288,9 @@ class Redactor:
         The text is the value serialised with its strings' escapes undone, so each string
         stands in it as it is, between quotes: a preset (none matches a quote, nor across
         one, and each check accepts a quote before a match as it accepts the start) matches
-        in it wherever it matches in one of the strings. A string that is JSON itself (it
-        starts with `{` or `[`) is parsed and searched on its own (`text`)."""
+        in it wherever it matches in one of the strings; its pieces between quotes are
+        searched, each once (`_distinct`). A string that is JSON itself (it starts with `{`
+        or `[`) is parsed and searched on its own (`text`)."""
         try:
             serialised = orjson.dumps(root, option=orjson.OPT_NON_STR_KEYS).decode()
         except TypeError:  # ints beyond 64 bits: search string by string
@@ -295,11 +298,19 @@ class Redactor:
         nested = _NESTED_JSON.search(serialised) is not None
         if "\\" in serialised:
             serialised = _ESCAPE.sub(_unescape, serialised)
+        distinct = _distinct(serialised)
         for at, rule in enumerate(self._rules):
-            if not rule.screens or rule.found_in(serialised):
+            if not rule.screens or rule.found_in(distinct):
                 # The rules after it see its replacements (new text around a match): each may.
                 return self._rules[at:]
         return () if nested else None
+
+    def found(self, text: str) -> Hits:
+        """The names of the rules that match somewhere in `text` (nothing is replaced)."""
+        distinct = _distinct(text)
+        return {
+            rule.name for rule in self._rules if rule.found_in(distinct if rule.screens else text)
+        }
 
     def answer(self, response: Any, raw_stream: bytes | None, hits: Hits) -> tuple[Any, list[str]]:
         """An answer (JSON, text or bytes; containers in place) redacted, and what cannot be
@@ -311,7 +322,7 @@ class Redactor:
             for _ in range(2):  # the copy's gzip, then the upstream's own compression
                 if raw_stream.startswith(b"\x1f\x8b"):
                     raw_stream = gzip.decompress(raw_stream)
-            self.data(raw_stream, found)
+            found = self.found(raw_stream.decode("utf-8", "surrogateescape"))
         if not found:
             return response, []
         hits |= found
@@ -343,6 +354,14 @@ _NESTED_JSON = re.compile(r'[\[{:,]"[\[{]')
 string is always escaped, so a quote after `[{:,]` opens one)."""
 _ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
 _ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _distinct(text: str) -> str:
+    """`text`'s pieces between quotes, each once, joined by NUL: what a preset is searched in
+    for a yes or no. No preset matches a quote or a NUL, and each check accepts a match at the
+    start of a piece as it accepts one after a quote; a text of repeated structure (a stream's
+    events, logprobs) shrinks to its distinct parts."""
+    return "\x00".join(set(text.split('"')))
 
 
 def _unescape(match: re.Match[str]) -> str:

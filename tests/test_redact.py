@@ -109,6 +109,7 @@ def test_rules_from_config_and_their_errors(tmp_path: Path) -> None:
     for text, message in [
         ('[[redact]]\npattern = "("', "redact[0].pattern: not a valid regular expression"),
         ('[[redact]]\npreset = "email"\n[[redact]]\npattern = "[a-"', "redact[1].pattern"),
+        ('[[redact]]\npattern = "x*"', "redact[0].pattern: matches the empty string"),
         ('[[redact]]\npreset = "ssn"', "redact[0].preset: expected one of email, card, phone"),
         ('[[redact]]\nname = "x"', "redact[0]: give either preset or pattern"),
         ('[[redact]]\npreset = "email"\npattern = "x"', "redact[0]: give either"),
@@ -279,6 +280,8 @@ PIECES = [
     "+44 20 7946 0958",
     "sk-abcdefghijklmnopqrstuvwx01",
     "Bearer abcdefghijklmnop",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIE",
+    "\n-----END RSA PRIVATE KEY-----",
     '"',
     "\\",
     "\n",
