@@ -98,6 +98,20 @@ _CHECKS: dict[str, Callable[[re.Match[str]], bool]] = {
 }
 _HINTS = {"email": "@"}
 """A substring every match of the preset holds: text without it is not searched."""
+_DIGITS = {"card": 13, "phone": 7}
+"""The fewest ASCII digits a match of the preset holds: text with fewer is not searched
+(counting them is ten times faster than Python's regular expressions scan prose)."""
+_NOT_DIGITS = bytes(b for b in range(256) if not 0x30 <= b <= 0x39)
+_counted: tuple[str, int] = ("", 0)
+
+
+def _digit_count(text: str) -> int:
+    """ASCII digits in `text`; the last text's count is kept (each preset asks in turn)."""
+    global _counted
+    if _counted[0] is not text:
+        digits = text.encode("utf-8", "surrogateescape").translate(None, _NOT_DIGITS)
+        _counted = (text, len(digits))
+    return _counted[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +179,7 @@ def shortest(pattern: str) -> int:
 
 
 class _Compiled:
-    __slots__ = ("check", "hint", "name", "regex", "replace", "screens", "shortest")
+    __slots__ = ("check", "digits", "hint", "name", "regex", "replace", "screens", "shortest")
 
     def __init__(self, rule: RedactRule) -> None:
         self.name = rule.name
@@ -173,15 +187,22 @@ class _Compiled:
         self.replace = rule.replace
         self.check = _CHECKS.get(rule.preset or "")
         self.hint = _HINTS.get(rule.preset or "")
+        self.digits = _DIGITS.get(rule.preset or "", 0)
         self.shortest = shortest(rule.pattern)
         self.screens = rule.preset is not None
         """Whether a whole JSON value's text can be searched at once for this rule
         (`Redactor._candidates`): only for the presets, known not to lose a match by it (a
         pattern's anchors or lookarounds could)."""
 
+    def hopeless(self, text: str) -> bool:
+        """Whether `text` cannot hold a match, told without searching it."""
+        if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
+            return True
+        return self.digits > 0 and _digit_count(text) < self.digits
+
     def found_in(self, text: str) -> bool:
         """Whether the rule matches somewhere in `text` (nothing is replaced)."""
-        if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
+        if self.hopeless(text):
             return False
         if self.check is None:
             return self.regex.search(text) is not None
@@ -189,7 +210,7 @@ class _Compiled:
 
     def apply(self, text: str) -> str | None:
         """`text` redacted; None when nothing matched."""
-        if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
+        if self.hopeless(text):
             return None
         check, replace, hit = self.check, self.replace, False
 
