@@ -44,6 +44,7 @@ class Keep:
             ex.omit_request = ex.omit_response = True
             ex.request_body = ex.request_json = None
             ex.response_body = ex.response_json = ex.raw_stream_gz = ex.raw_pacing = None
+            ex.error, ex.query, ex.user, ex.parse_errors, ex.tags = None, "", None, [], {}
             ex.redacted = {"rules": [], "failed": True}
 
 

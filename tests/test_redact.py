@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy import keep
 from proxy.config import Config, ConfigError, load
 from proxy.exchange import Exchange
 from proxy.keep import Keep
@@ -222,6 +223,23 @@ def test_the_rest_of_the_record_is_redacted() -> None:
     assert ex.parse_errors == ["event 2: data is not JSON: b'[REDACTED:email]'"]
     assert ex.tags == {"owner": "[REDACTED:email]"}
     assert ex.redacted == {"rules": ["api_key", "email"]}
+
+
+def test_a_failed_redaction_keeps_the_record_but_nothing_it_may_hold(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(redactor: Redactor, ex: Exchange) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(keep, "redact_exchange", broken)
+    fields = {"request_json": {"a": "a@b.io"}, "request_body": b'{"a":"a@b.io"}'}
+    fields |= {"user": "a@b.io", "query": "q=a@b.io", "error": "a@b.io", "tags": {"t": "a@b.io"}}
+    ex = _keep(_exchange(model="gpt-4o", **fields), "email")
+    kept = (ex.request_json, ex.request_body, ex.user, ex.query, ex.error)
+    assert kept == (None, None, None, "", None)
+    assert ex.tags == {} and ex.model == "gpt-4o" and ex.omit_request and ex.omit_response
+    assert ex.redacted == {"rules": [], "failed": True}
+    assert "redaction failed" in caplog.text
 
 
 def test_metadata_keeps_no_body_and_no_span_content() -> None:
