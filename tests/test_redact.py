@@ -326,9 +326,15 @@ def _naive(value: Any, hits: Hits) -> Any:
 
 
 texts = st.lists(st.sampled_from(PIECES), max_size=6).map("".join)
+
+
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4))
+
+
 values = st.recursive(
     st.one_of(texts, st.integers(), st.floats(allow_nan=False), st.none()),
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)),
+    _containers,
     max_leaves=12,
 )
 
