@@ -19,6 +19,7 @@ from aiohttp import web
 from .config import Config
 from .connections import Runner
 from .forward import forward
+from .keep import Keep
 from .keys import APP_CONFIG, APP_LATER, APP_READ_LATER, APP_RECORDER, APP_SESSION, APP_SINKS
 from .later import READ_DELAY, Later
 from .recorder import Explains, Recorder
@@ -71,7 +72,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
-    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks])
+    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks], Keep(config))
     app[APP_LATER] = Later()
     app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)

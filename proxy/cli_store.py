@@ -215,6 +215,7 @@ def export(
     import sys
 
     from . import export as export_mod
+    from .redact import Redactor
     from .store import read
 
     if endpoint not in export_mod.BATCH_ENDPOINTS:
@@ -224,10 +225,18 @@ def export(
     filters = scan_filters(since, until, model, tags, limit)
     cfg = load_config(config_path)
 
+    redactor = Redactor(cfg.redact) if cfg.redact else None
+
     async def run(write: export_mod.Write) -> int:
         async with read.reading(cfg.db_url) as engine:
             return await export_mod.export(
-                engine, write, fmt, filters, upstreams=cfg.upstreams, endpoint=endpoint
+                engine,
+                write,
+                fmt,
+                filters,
+                upstreams=cfg.upstreams,
+                endpoint=endpoint,
+                redactor=redactor,
             )
 
     with contextlib.ExitStack() as stack:

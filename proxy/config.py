@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .redact import RedactRule, parse_rules
+
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 
@@ -93,6 +95,9 @@ class Config:
     otlp_headers: Mapping[str, str] = field(default_factory=Frozen, repr=False)
     """Headers sent with every export (often a collector's API key: never logged)."""
     otlp_content: bool = False
+    store_bodies: str = "full"
+    redact: tuple[RedactRule, ...] = ()
+    """`[[redact]]` rules, in order (`proxy.redact`)."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
     """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
     shipped table by `proxy.pricing.PriceTable.load`."""
@@ -249,12 +254,17 @@ KEYS: dict[str, Key] = {
     "otlp_endpoint": Key(_optional_url, "OTLP/HTTP traces URL; one span per exchange"),
     "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
     "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
+    "store_bodies": Key(
+        _choice("full", "metadata"), "full: keep bodies; metadata: usage, cost, timings only"
+    ),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
 about a value given by flag name the flag the user typed. A command whose flags differ (the
 console's `--host` sets `console_host`) passes its own to `load`."""
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
+REDACT_KEYS = ("name", "preset", "pattern", "replace")
+"""Fields of a `[[redact]]` table (`proxy.redact.parse_rules` checks them)."""
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
@@ -332,7 +342,7 @@ def load(
 
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in ("upstreams", "prices"):
+        if key in ("upstreams", "prices", "redact"):
             continue
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown config key (see config.example.toml)")
@@ -350,6 +360,11 @@ def load(
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw:
         config = replace(config, prices=_parse_prices(raw["prices"]))
+    rules = raw.get("redact")
+    if (presets := env.get(ENV_PREFIX + "REDACT")) is not None:  # preset names, by commas
+        rules = [{"preset": name.strip()} for name in presets.split(",") if name.strip()]
+    if rules is not None:
+        config = replace(config, redact=parse_rules(rules, ConfigError))
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"

@@ -128,6 +128,10 @@ class Exchange:
     raw_pacing: list[tuple[int, float]] | None = None
     """For streams: (offset in the raw stream, ms since the request arrived) after each write
     to the client, so playback can reproduce the recorded timing."""
+    redacted: dict[str, Any] | None = None
+    """Set when `[[redact]]` rules matched (`keep.py`): `{"rules": [names], "dropped":
+    ["raw_stream", "logprobs"]}`, what was not kept because a match could not be redacted
+    in it faithfully."""
 
     @classmethod
     def start(

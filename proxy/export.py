@@ -29,6 +29,8 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .config import Upstream
+from .keep import redact_record
+from .redact import Redactor
 from .replay import relative_path
 from .store.filters import Filters
 from .store.scan import stream_records
@@ -135,7 +137,7 @@ def _har_content(record: dict[str, Any]) -> dict[str, Any]:
     content: dict[str, Any] = {"size": record["response_bytes"], "mimeType": "", "text": ""}
     raw = record.get("raw_stream")
     if record["response_omitted"]:
-        content["comment"] = "not stored (X-Flightrec-Omit)"
+        content["comment"] = "not stored (X-Flightrec-Omit or store_bodies)"
     elif raw is not None:
         content.update(mimeType=record["content_type"] or "", text=_stream_text(raw))
     elif record["response"] is not None:
@@ -188,6 +190,7 @@ def har_entry(record: dict[str, Any]) -> dict[str, Any]:
                 "tags",
                 "user",
                 "replay_of",
+                "redacted",
             )
         },
     }
@@ -216,8 +219,11 @@ async def export(
     *,
     upstreams: tuple[Upstream, ...],
     endpoint: str = BATCH_ENDPOINTS[0],
+    redactor: Redactor | None = None,
 ) -> int:
-    """Write the exchanges `filters` selects in `fmt`; returns how many were written."""
+    """Write the exchanges `filters` selects in `fmt`, redacted by `redactor` (the configured
+    `[[redact]]` rules, so records stored before a rule existed come out clean); returns how
+    many were written."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
     if fmt == "csv":
@@ -227,6 +233,8 @@ async def export(
         write(b'{"log":{"version":"1.2","creator":' + orjson.dumps(creator) + b',"entries":[\n')
     count = 0
     async for record in stream_records(engine, filters, raw_streams=fmt == "har"):
+        if redactor is not None:
+            redact_record(redactor, record)
         if fmt == "jsonl":
             write(orjson.dumps(record, option=_JSON) + b"\n")
         elif fmt == "csv":

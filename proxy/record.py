@@ -3,7 +3,8 @@
 `Record` holds what the record needs while the exchange runs and makes the `Exchange` once the
 client has the first byte of the answer (or sooner, when the exchange ends sooner): filling its
 forty fields on the way to the first byte would delay it. `conclude` completes the record after
-the response, when the client's next request has gone on (`Later`), and hands it to the sinks.
+the response, when the client's next request has gone on (`Later`), and hands it to the sinks
+(which first take out what the record may not keep: `keep.py`).
 """
 
 from __future__ import annotations
@@ -116,10 +117,6 @@ def conclude(exchange: Exchange, request: web.Request, tee: StreamTee | None, si
             exchange.outcome = "proxy_error"
             exchange.error = f"completing the record failed: {type(exc).__name__}: {exc}"
     finally:
-        if exchange.omit_request:
-            exchange.request_body = exchange.request_json = None
-        if exchange.omit_response:
-            exchange.response_body = exchange.response_json = exchange.raw_stream_gz = None
         sinks.accept(exchange)
 
 

@@ -111,7 +111,9 @@ def _job(
     id_ = original["id"]
     request = original["request"]
     if original["request_omitted"]:
-        raise ReplayError(f"exchange {id_}: its request body was not stored (X-Flightrec-Omit)")
+        raise ReplayError(
+            f"exchange {id_}: its request body was not stored (X-Flightrec-Omit or store_bodies)"
+        )
     if not isinstance(request, dict):
         raise ReplayError(f"exchange {id_}: only JSON request bodies can be replayed")
     if options.upstream is None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .exchange import Exchange
+from .keep import Keep
 from .recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,12 @@ class RecorderSink:
 
 class Sinks:
     """The application's sinks: started in order, stopped in reverse order; one sink that
-    fails never keeps an exchange from the others."""
+    fails never keeps an exchange from the others. Before any sink sees an exchange, `keep`
+    takes out of it what the record may not keep (omitted bodies, redaction)."""
 
-    def __init__(self, sinks: Sequence[Sink]) -> None:
+    def __init__(self, sinks: Sequence[Sink], keep: Keep | None = None) -> None:
         self._sinks = tuple(sinks)
+        self._keep = keep or Keep()
 
     async def start(self) -> None:
         started: list[Sink] = []
@@ -63,6 +66,7 @@ class Sinks:
             raise
 
     def accept(self, exchange: Exchange) -> None:
+        self._keep(exchange)
         for sink in self._sinks:
             try:
                 sink.accept(exchange)

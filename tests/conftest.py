@@ -130,6 +130,20 @@ class Seen:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+@contextlib.asynccontextmanager
+async def serving(path: str, handler: Handler) -> AsyncIterator[str]:
+    """A real aiohttp server answering POST `path` with `handler` while the block runs; its
+    root URL."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        yield await start_site(runner)
+    finally:
+        await runner.cleanup()
+
+
 @dataclass
 class FakeUpstream:
     """An OpenAI-like upstream. Chat completions answer with `completion`, streamed as OpenAI

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import KEYS, PRICE_KEYS, UPSTREAM_KEYS, Config, ConfigError, load
+from proxy.config import (
+    KEYS,
+    PRICE_KEYS,
+    REDACT_KEYS,
+    UPSTREAM_KEYS,
+    Config,
+    ConfigError,
+    load,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -21,8 +29,10 @@ def test_every_key_is_documented_in_the_example() -> None:
     assert set(KEYS) <= documented, f"undocumented: {set(KEYS) - documented}"
     assert set(UPSTREAM_KEYS) <= documented
     assert set(PRICE_KEYS) <= documented
+    assert set(REDACT_KEYS) <= documented
     assert re.search(r'^#?\s*\[prices\."[^"]+"\]$', text, flags=re.MULTILINE), "no [prices.x]"
-    known = set(KEYS) | set(UPSTREAM_KEYS) | set(PRICE_KEYS)
+    assert re.search(r"^# \[\[redact\]\]$", text, flags=re.MULTILINE), "no [[redact]]"
+    known = set(KEYS) | set(UPSTREAM_KEYS) | set(PRICE_KEYS) | set(REDACT_KEYS)
     assert documented <= known, f"the example names unknown keys: {documented - known}"
 
 
@@ -34,6 +44,7 @@ def test_every_key_is_in_the_readme_table() -> None:
     assert named <= set(KEYS), f"the README's table names unknown keys: {named - set(KEYS)}"
     assert any("`[[upstreams]]`" in row for row in rows), "no [[upstreams]] row"
     assert any("`[prices." in row for row in rows), "no [prices] row"
+    assert any("`[[redact]]`" in row for row in rows), "no [[redact]] row"
 
 
 def test_the_example_loads_to_the_defaults() -> None:

@@ -96,6 +96,19 @@ async def test_choices_tool_calls_and_refusals(aiohttp_client: Any, tmp_path: Pa
     assert "role-tool" in page and "call_0" in page
 
 
+async def test_a_redacted_exchange_says_by_which_rules(aiohttp_client: Any, tmp_path: Path) -> None:
+    ex = chat_exchange()
+    ex.redacted = {"rules": ["api_key", "email"], "dropped": ["raw_stream", "logprobs"]}
+    plain = chat_exchange()
+    url = sqlite_url(tmp_path / "redacted.db")
+    await write(url, [ex, plain])
+    client = await aiohttp_client(console_app(url))
+    page = await text(client, f"/exchanges/{ex.id}")
+    assert "<dt>Redacted</dt>" in page
+    assert "api_key, email · not kept: raw_stream, logprobs" in page
+    assert "<dt>Redacted</dt>" not in await text(client, f"/exchanges/{plain.id}")
+
+
 async def test_fingerprints_page(site: tuple[Client, Seeded]) -> None:
     client, _ = site
     page = await text(client, "/fingerprints")

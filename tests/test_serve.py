@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from .conftest import reserved_port, start_site, wait_until_up
+from .conftest import reserved_port, serving, wait_until_up
 
 EVENTS = 20
 PAUSE = 0.05  # a stream lasts about a second
@@ -43,12 +43,8 @@ async def _slow_stream(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 async def slow_upstream() -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", _slow_stream)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    yield await start_site(runner) + "/v1"
-    await runner.cleanup()
+    async with serving("/v1/chat/completions", _slow_stream) as url:
+        yield url + "/v1"
 
 
 async def _start_serve(

@@ -89,6 +89,7 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
     )
     ex.stream, ex.ttft_ms, ex.chunks, ex.error = True, 99.5, 7, "boom"
     ex.outcome, ex.parse_errors = "stream_error", ["bad line"]
+    ex.redacted = {"rules": ["email"], "dropped": ["logprobs"]}
     ex.response_bytes, ex.content_type = 4_000_000_000, "text/event-stream"
     await write(engine, [ex])
     async with engine.connect() as conn:
@@ -134,6 +135,7 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
         "system_fingerprint": "fp_test",
         "parse_errors": ["bad line"],
         "price_entry": stored["price_entry"],
+        "redacted": {"rules": ["email"], "dropped": ["logprobs"]},
     }
     assert stored["price_entry"].startswith("gpt-4o-mini (table:")
     assert completion == {

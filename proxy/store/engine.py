@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sqlite3
 from typing import Any
@@ -21,6 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ..jsontext import dumps as dumps  # the JSON columns' text, for the store's modules
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PAGE_SIZE = 16_384
@@ -33,14 +34,6 @@ PG_COMMAND_TIMEOUT = 60.0
 
 class StoreError(Exception):
     """The database cannot be used: unreachable, wrong schema, unknown record. One line."""
-
-
-def dumps(value: Any) -> str:
-    """JSON for JSON columns; stdlib fallback for what orjson refuses (ints beyond 64 bits)."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:
-        return json.dumps(value, default=str)
 
 
 def safe_url(url: str) -> str:

@@ -181,6 +181,7 @@ def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any
         "upstream_request_id": row["upstream_request_id"],
         "system_fingerprint": row["system_fingerprint"],
         "parse_errors": row["parse_errors"] or [],
+        "redacted": row["redacted"],
     }
 
 
@@ -270,9 +271,19 @@ def render_exchange(shown: dict[str, Any]) -> str:
         ("upstream id", shown["upstream_request_id"]),
         ("replay of", shown["replay_of"]),
         ("error", shown["error"]),
+        ("redacted", _redacted(shown["redacted"])),
     ]
     out = [f"{name:<12} {value}" for name, value in facts if value is not None]
     for name in ("request", "response"):
         body = "(omitted)" if shown[f"{name}_omitted"] else _pretty(shown[name])
         out += ["", f"--- {name} ---", body]
     return printable("\n".join(out))
+
+
+def _redacted(note: Any) -> str | None:
+    """`show`'s line for the `redacted` note: the rules that matched, what was not kept."""
+    if not isinstance(note, dict):
+        return None
+    text = ", ".join(str(rule) for rule in note.get("rules") or ()) or "(failed)"
+    dropped = note.get("dropped")
+    return f"{text}; not kept: {', '.join(dropped)}" if dropped else text

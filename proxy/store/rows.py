@@ -196,6 +196,7 @@ def _exchange_row(
         "parse_errors": _json(list(ex.parse_errors) or None),
         "cost_usd": cost,
         "price_entry": entry,
+        "redacted": _json(ex.redacted),
     }
 
 

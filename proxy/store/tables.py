@@ -89,6 +89,8 @@ exchanges = sa.Table(
     sa.Column("parse_errors", Json),
     sa.Column("cost_usd", sa.Double()),
     sa.Column("price_entry", sa.String()),
+    # Which `[[redact]]` rules matched, and what was not kept (migration 0005).
+    sa.Column("redacted", Json),
     sa.Index(None, "started_at"),
     sa.Index(None, "model", "started_at"),
     sa.Index(None, "key_hash", "started_at"),

@@ -1,0 +1,397 @@
+"""Redaction: `[[redact]]` rules that keep secrets and personal data out of every record.
+
+A rule is a named preset (`PRESETS`) or a Python regular expression, and the literal text
+that replaces what it matches (default `[REDACTED:<name>]`). Rules run in the order given,
+over the record as it is made (`keep.py`, before any sink) and over what `export` writes, so
+an exchange stored before a rule existed comes out clean too. The client's bytes are never
+touched: the record is redacted after the exchange ended.
+
+JSON is redacted string by string (keys too), after parsing, so an escape (`\\u0040`) cannot
+hide a match and the JSON stays valid; a string that is itself JSON (tool-call `arguments`)
+is parsed and walked the same way. Raw bodies are redacted as UTF-8 text, byte for byte
+elsewhere. What cannot be redacted faithfully is dropped: when any rule matched in the
+answer (or in a stream's raw bytes), the stream's raw bytes and the answer's logprobs are not
+kept, since a secret split across SSE events or tokens matches in neither.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .jsontext import dumps
+
+PRESETS: dict[str, str] = {
+    "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
+    "card": r"[1-9](?:[ -]?[0-9]){12,18}(?![0-9A-Za-z_])",
+    "phone": (  # the first character taken by one class, then told apart by lookbehinds
+        r"[+(0-9](?:(?<=\+)[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)|[0-9]{1,4})(?:[ .-]?[0-9]{2,4}){1,4}"
+        r"|(?<=\()[0-9]{3}\)[ .-]?[0-9]{3}[ .-]?[0-9]{4}"
+        r"|(?<=[0-9])[0-9]{2}[.-][0-9]{3}[.-][0-9]{4})(?!\w)"
+    ),
+    "api_key": (
+        r"(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
+        r"|Bearer\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token
+        r"|AKIA[0-9A-Z]{16}"  # AWS access key id
+        r"|AIza[0-9A-Za-z_-]{35}"  # Google API key
+        r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"  # GitHub
+        r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+        r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
+        r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
+        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # a JWT
+        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----[A-Za-z0-9+/=\s:,-]{0,8000}?"  # PEM
+        r"-----END[A-Z ]{0,20} PRIVATE KEY-----)"
+    ),
+}
+"""Patterns of the presets, each also checked by `_CHECKS`. None starts with a lookbehind
+or an alternation (what comes before a match is the check's to judge): Python's engine
+searches a pattern that starts with one character class up to ten times faster. Digits are
+ASCII (`[0-9]` is faster than a digit category)."""
+
+
+def luhn(digits: str) -> bool:
+    """Whether a run of digits (spaces and dashes ignored) passes the Luhn check."""
+    total = 0
+    for position, char in enumerate(reversed(digits.replace(" ", "").replace("-", ""))):
+        value = int(char) * (2 if position % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return total % 10 == 0
+
+
+def _before(match: re.Match[str]) -> str:
+    """The character before a match ("" at the start)."""
+    start = match.start()
+    return match.string[start - 1] if start else ""
+
+
+def _card(match: re.Match[str]) -> bool:
+    """Not the tail of a word, a longer number or a decimal fraction (`chatcmpl-AB00000...`
+    is an id), and Luhn-valid."""
+    before = _before(match)
+    return not (before and (before.isalnum() or before in "._")) and luhn(match.group())
+
+
+def _phone(match: re.Match[str]) -> bool:
+    """Not the tail of a word or a number, and 7 to 15 digits (E.164's most)."""
+    before = _before(match)
+    if before and (before.isalnum() or before in "_+"):
+        return False
+    return 7 <= sum(char.isdigit() for char in match.group()) <= 15
+
+
+def _key(match: re.Match[str]) -> bool:
+    """Not the tail of a word (`task-...` is not an `sk-` key)."""
+    before = _before(match)
+    return not (before.isascii() and before.isalnum())
+
+
+_CHECKS: dict[str, Callable[[re.Match[str]], bool]] = {
+    "card": _card,
+    "phone": _phone,
+    "api_key": _key,
+}
+_HINTS = {"email": "@"}
+"""A substring every match of the preset holds: text without it is not searched."""
+_DIGITS = {"card": 13, "phone": 7}
+"""The fewest ASCII digits a match of the preset holds: text with fewer is not searched
+(counting them is ten times faster than Python's regular expressions scan prose)."""
+_NOT_DIGITS = bytes(b for b in range(256) if not 0x30 <= b <= 0x39)
+_counted: tuple[str, int] = ("", 0)
+
+
+def _digit_count(text: str) -> int:
+    """ASCII digits in `text`; the last text's count is kept (each preset asks in turn)."""
+    global _counted
+    if _counted[0] is not text:
+        digits = text.encode("utf-8", "surrogateescape").translate(None, _NOT_DIGITS)
+        _counted = (text, len(digits))
+    return _counted[1]
+
+
+@dataclass(frozen=True, slots=True)
+class RedactRule:
+    """One `[[redact]]` rule as configured (checked by `parse_rules`)."""
+
+    name: str
+    pattern: str
+    """The regular expression: the preset's, or the rule's own."""
+    replace: str
+    preset: str | None = None
+
+
+def parse_rules(raw: Any, error: Callable[[str], Exception]) -> tuple[RedactRule, ...]:
+    """The `[[redact]]` tables; each problem raises `error(message)` naming the rule's index."""
+    if not isinstance(raw, list):
+        raise error("redact: expected an array of tables ([[redact]])")
+    rules: list[RedactRule] = []
+    for at, entry in enumerate(raw):
+        rule = _rule(f"redact[{at}]", entry, error)
+        if any(known.name == rule.name for known in rules):
+            raise error(f"redact[{at}].name: {rule.name!r} names another rule already")
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _rule(where: str, entry: Any, error: Callable[[str], Exception]) -> RedactRule:
+    if not isinstance(entry, dict):
+        raise error(f"{where}: expected a table")
+    for key in entry:
+        if key not in ("name", "preset", "pattern", "replace"):
+            raise error(f"{where}.{key}: unknown key (known: name, preset, pattern, replace)")
+    preset, pattern = entry.get("preset"), entry.get("pattern")
+    if (preset is None) == (pattern is None):
+        raise error(f"{where}: give either preset or pattern")
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise error(f"{where}.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
+        pattern = PRESETS[preset]
+    elif not isinstance(pattern, str) or not pattern:
+        raise error(f"{where}.pattern: expected a regular expression, got {pattern!r}")
+    try:
+        empty = re.compile(pattern).fullmatch("")
+    except re.error as exc:
+        raise error(f"{where}.pattern: not a valid regular expression: {exc}") from None
+    if empty is not None:
+        raise error(f"{where}.pattern: matches the empty string, so it would match everywhere")
+    name = entry.get("name", preset or "pattern")
+    if not isinstance(name, str) or not name:
+        raise error(f"{where}.name: expected a non-empty string, got {name!r}")
+    replace = entry.get("replace", f"[REDACTED:{name}]")
+    if not isinstance(replace, str):
+        raise error(f"{where}.replace: expected a string, got {replace!r}")
+    return RedactRule(name, pattern, replace, preset)
+
+
+def shortest(pattern: str) -> int:
+    """The fewest characters a match of `pattern` can have (0 when that cannot be told):
+    shorter texts (most logprob tokens) need not be searched."""
+    try:
+        parser: Any = importlib.import_module("re._parser")  # CPython's own, 3.11+
+        return int(parser.parse(pattern).getwidth()[0])
+    except Exception:  # another Python: search everything
+        return 0
+
+
+class _Compiled:
+    __slots__ = ("check", "digits", "hint", "name", "regex", "replace", "screens", "shortest")
+
+    def __init__(self, rule: RedactRule) -> None:
+        self.name = rule.name
+        self.regex = re.compile(rule.pattern)
+        self.replace = rule.replace
+        self.check = _CHECKS.get(rule.preset or "")
+        self.hint = _HINTS.get(rule.preset or "")
+        self.digits = _DIGITS.get(rule.preset or "", 0)
+        self.shortest = shortest(rule.pattern)
+        self.screens = rule.preset is not None
+        """Whether a whole JSON value's text can be searched at once for this rule
+        (`Redactor._candidates`): only for the presets, known not to lose a match by it (a
+        pattern's anchors or lookarounds could)."""
+
+    def hopeless(self, text: str) -> bool:
+        """Whether `text` cannot hold a match, told without searching it."""
+        if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
+            return True
+        return self.digits > 0 and _digit_count(text) < self.digits
+
+    def found_in(self, text: str) -> bool:
+        """Whether the rule matches somewhere in `text` (nothing is replaced)."""
+        if self.hopeless(text):
+            return False
+        if self.check is None:
+            return self.regex.search(text) is not None
+        return any(self.check(match) for match in self.regex.finditer(text))
+
+    def apply(self, text: str) -> str | None:
+        """`text` redacted; None when nothing matched."""
+        if self.hopeless(text):
+            return None
+        check, replace, hit = self.check, self.replace, False
+
+        def substitute(match: re.Match[str]) -> str:
+            nonlocal hit
+            if check is not None and not check(match):
+                return match.group()
+            hit = True
+            return replace
+
+        out = self.regex.sub(substitute, text)
+        return out if hit else None
+
+
+Hits = set[str]
+"""Names of the rules that matched."""
+
+
+class Redactor:
+    """Compiled rules, applied to text, bytes and JSON values."""
+
+    def __init__(self, rules: tuple[RedactRule, ...]) -> None:
+        self._rules = tuple(_Compiled(rule) for rule in rules)
+        self._shortest = min((rule.shortest for rule in self._rules), default=0)
+
+    def text(self, text: str, hits: Hits, rules: tuple[_Compiled, ...] | None = None) -> str:
+        """`text` redacted by `rules` (default all; the same object when nothing matched);
+        names of the rules that matched added to `hits`."""
+        if len(text) < self._shortest:
+            return text
+        if text[:1] in ("{", "[") and len(text) > 1:
+            inner = _loads(text)
+            if isinstance(inner, dict | list):
+                found: Hits = set()
+                self.walk(inner, found)
+                if not found:
+                    return text
+                hits |= found
+                return dumps(inner)
+        for rule in self._rules if rules is None else rules:
+            out = rule.apply(text)
+            if out is not None:
+                hits.add(rule.name)
+                text = out
+        return text
+
+    def data(self, data: bytes, hits: Hits) -> bytes:
+        """Raw bytes redacted as UTF-8 text; bytes that are not UTF-8 kept as they are."""
+        text = data.decode("utf-8", "surrogateescape")
+        out = self.text(text, hits)
+        return data if out is text else out.encode("utf-8", "surrogateescape")
+
+    def value(self, value: Any, hits: Hits) -> Any:
+        """A JSON value, text or bytes, redacted (containers in place)."""
+        if isinstance(value, str):
+            return self.text(value, hits)
+        if isinstance(value, bytes):
+            return self.data(value, hits)
+        if isinstance(value, dict | list):
+            self.walk(value, hits)
+        return value
+
+    def walk(self, root: dict[str, Any] | list[Any], hits: Hits) -> None:
+        """Redact every string in a JSON value in place, keys too; no recursion, so any depth.
+
+        The value is searched whole first (`_candidates`): most hold no match, and then no
+        string of it is searched on its own."""
+        rules = self._candidates(root)
+        if rules is None:
+            return
+        renamed: list[tuple[dict[str, Any], str, str]] = []
+        stack: list[Any] = [root]
+        while stack:  # bounded: each container is pushed once
+            node = stack.pop()
+            if isinstance(node, dict):
+                for key in node:
+                    if isinstance(key, str) and (new := self.text(key, hits, rules)) is not key:
+                        renamed.append((node, key, new))
+                items: Any = node.items()
+            else:
+                items = enumerate(node)
+            for key, item in items:
+                if isinstance(item, str):
+                    if (new := self.text(item, hits, rules)) is not item:
+                        node[key] = new
+                elif isinstance(item, dict | list):
+                    stack.append(item)
+        for node, key, new in renamed:  # after the values: every one of them was searched
+            node[new] = node.pop(key)
+
+    def _candidates(self, root: dict[str, Any] | list[Any]) -> tuple[_Compiled, ...] | None:
+        """The rules that may match in a JSON value, found by searching its text once (the
+        presets; any other rule may): the first that may and all after it; None when none
+        may and no string in it is JSON.
+
+        The text is the value serialised with its strings' escapes undone, so each string
+        stands in it as it is, between quotes: a preset (none matches a quote, nor across
+        one, and each check accepts a quote before a match as it accepts the start) matches
+        in it wherever it matches in one of the strings; its pieces between quotes are
+        searched, each once (`_distinct`). A string that is JSON itself (it starts with `{`
+        or `[`) is parsed and searched on its own (`text`)."""
+        try:
+            serialised = orjson.dumps(root, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # ints beyond 64 bits: search string by string
+            return self._rules
+        nested = _NESTED_JSON.search(serialised) is not None
+        if "\\" in serialised:
+            serialised = _ESCAPE.sub(_unescape, serialised)
+        distinct = _distinct(serialised)
+        for at, rule in enumerate(self._rules):
+            if not rule.screens or rule.found_in(distinct):
+                # The rules after it see its replacements (new text around a match): each may.
+                return self._rules[at:]
+        return () if nested else None
+
+    def found(self, text: str) -> Hits:
+        """The names of the rules that match somewhere in `text` (nothing is replaced)."""
+        distinct = _distinct(text)
+        return {
+            rule.name for rule in self._rules if rule.found_in(distinct if rule.screens else text)
+        }
+
+    def answer(self, response: Any, raw_stream: bytes | None, hits: Hits) -> tuple[Any, list[str]]:
+        """An answer (JSON, text or bytes; containers in place) redacted, and what cannot be
+        kept of it: `raw_stream` and `logprobs`, when any rule matched in it or in the
+        stream's raw bytes (`raw_stream`, gzip or plain, is only searched)."""
+        found: Hits = set()
+        response = self.value(response, found)
+        if raw_stream is not None and not found:
+            for _ in range(2):  # the copy's gzip, then the upstream's own compression
+                if raw_stream.startswith(b"\x1f\x8b"):
+                    raw_stream = gzip.decompress(raw_stream)
+            found = self.found(raw_stream.decode("utf-8", "surrogateescape"))
+        if not found:
+            return response, []
+        hits |= found
+        dropped = ["raw_stream"] if raw_stream is not None else []
+        if drop_logprobs(response):
+            dropped.append("logprobs")
+        return response, dropped
+
+
+def drop_logprobs(response: Any) -> bool:
+    """Set every `logprobs` in a response to null, in place (chat and text choices, Responses
+    API output content, stream events); whether there were any."""
+    dropped = False
+    stack: list[Any] = [response]
+    while stack:  # bounded: each container is pushed once
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("logprobs") is not None:
+                node["logprobs"] = None
+                dropped = True
+            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+    return dropped
+
+
+_NESTED_JSON = re.compile(r'[\[{:,]"[\[{]')
+"""In serialised JSON: a string (value or key) that starts with `{` or `[` (a quote inside a
+string is always escaped, so a quote after `[{:,]` opens one)."""
+_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _distinct(text: str) -> str:
+    """`text`'s pieces between quotes, each once, joined by NUL: what a preset is searched in
+    for a yes or no. No preset matches a quote or a NUL, and each check accepts a match at the
+    start of a piece as it accepts one after a quote; a text of repeated structure (a stream's
+    events, logprobs) shrinks to its distinct parts."""
+    return "\x00".join(set(text.split('"')))
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code = match.group(1)
+    return _ESCAPED.get(code) or chr(int(code[1:], 16))
+
+
+def _loads(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
