@@ -93,6 +93,12 @@ class Config:
     otlp_headers: Mapping[str, str] = field(default_factory=Frozen, repr=False)
     """Headers sent with every export (often a collector's API key: never logged)."""
     otlp_content: bool = False
+    retention_days: int = 0
+    """Exchanges older than this many days are pruned (usage and cost kept in rollups); 0:
+    kept forever."""
+    retention_bodies_days: int = 0
+    """Bodies (and choices, logprobs, raw streams) older than this many days are dropped; 0:
+    kept as long as their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
     """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
     shipped table by `proxy.pricing.PriceTable.load`."""
@@ -249,6 +255,8 @@ KEYS: dict[str, Key] = {
     "otlp_endpoint": Key(_optional_url, "OTLP/HTTP traces URL; one span per exchange"),
     "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
     "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
+    "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
+    "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
@@ -305,6 +313,14 @@ def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
     return Frozen({model: Frozen(fields) for model, fields in raw.items()})
 
 
+def _check_retention(config: Config) -> None:
+    days, bodies = config.retention_days, config.retention_bodies_days
+    if days and bodies > days:
+        raise ConfigError(
+            f"retention_bodies_days: must not exceed retention_days ({days}), got {bodies}"
+        )
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -350,6 +366,7 @@ def load(
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw:
         config = replace(config, prices=_parse_prices(raw["prices"]))
+    _check_retention(config)
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"
