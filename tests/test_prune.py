@@ -4,6 +4,7 @@ after pruning, per model, key, user, tag, day and upstream, with every filter.""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -249,3 +250,23 @@ def test_bodies_retention_may_not_outlast_the_exchanges() -> None:
     assert load(env={"FLIGHTREC_RETENTION_BODIES_DAYS": "7"}).retention_days == 0
     with pytest.raises(ConfigError, match=r"^FLIGHTREC_RETENTION_DAYS: expected an integer"):
         load(env={"FLIGHTREC_RETENTION_DAYS": "90d"})
+
+
+async def test_two_pruners_racing_over_the_same_rows_count_each_once(db_url: str) -> None:
+    """No lock between them (SQLite has none; on PostgreSQL each takes its own connection
+    without `pruning`): each folds only what its own DELETE removed."""
+    exchanges = workload(90)
+    await recorded(db_url, exchanges)
+    before = await reports(db_url)
+    engines = [create_engine(db_url), create_engine(db_url)]
+    try:
+        conns = [await engine.connect() for engine in engines]
+        cut = DAY0 + timedelta(days=30)
+        counts = await asyncio.gather(*(prune(c, cut, batch=5, pause=0) for c in conns))
+        for conn in conns:
+            await conn.close()
+    finally:
+        for engine in engines:
+            await engine.dispose()
+    assert sum(counts) == len(exchanges)
+    assert await reports(db_url) == before

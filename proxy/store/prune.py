@@ -137,12 +137,14 @@ async def _delete(conn: AsyncConnection, ids: Sequence[str]) -> int:
     tagged: dict[str, list[tuple[str, str]]] = {id_: [] for id_ in ids}
     for row in await conn.execute(sa.select(tags).where(tags.c.exchange_id.in_(ids))):
         tagged[row.exchange_id].append((row.key, row.value))
+    summed = rollups.add(found, tagged)  # before the lock: it is held for writing alone
     for table in CHILDREN:  # the first write: SQLite's lock is taken here, not before
         await conn.execute(sa.delete(table).where(table.c.exchange_id.in_(ids)))
-    gone = set(
-        (await conn.execute(sa.delete(ex).where(ex.c.id.in_(ids)).returning(ex.c.id))).scalars()
-    )
-    await rollups.save(conn, rollups.add((row for row in found if row.id in gone), tagged))
+    deleted = sa.delete(ex).where(ex.c.id.in_(ids)).returning(ex.c.id)
+    gone = set((await conn.execute(deleted)).scalars())
+    if len(gone) < len(found):  # another pruner took some first: fold only what went here
+        summed = rollups.add((row for row in found if row.id in gone), tagged)
+    await rollups.save(conn, summed)
     return len(gone)
 
 
