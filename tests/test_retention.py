@@ -18,7 +18,6 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import openai
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
