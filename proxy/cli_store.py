@@ -288,8 +288,8 @@ def prune(
         raise click.UsageError("give --before T, or set retention_days in the config")
 
     async def run() -> list[str]:
-        async with read.reading(cfg.db_url) as engine, pruning(engine) as conn:
-            return [await _prune_one(conn, when, only, dry_run) for when, only in found]
+        async with read.reading(cfg.db_url) as engine, pruning(engine) as pruner:
+            return [await _prune_one(pruner, when, only, dry_run) for when, only in found]
 
     try:
         lines = asyncio.run(run())
@@ -301,15 +301,15 @@ def prune(
         click.echo("dry run: nothing changed")
 
 
-async def _prune_one(conn: Any, before: Any, bodies: bool, dry_run: bool) -> str:
+async def _prune_one(pruner: Any, before: Any, bodies: bool, dry_run: bool) -> str:
     """Prune (or plan to) before `before`; one line saying what was (or would be) done."""
     from .store.prune import plan, prune
 
     what = "the bodies of " if bodies else ""
     at = before.isoformat(timespec="seconds")
     if not dry_run:
-        count = await prune(conn, before, bodies=bodies)
-        return f"pruned {what}{count} exchanges started before {at}"
-    would = await plan(conn, before, bodies=bodies)
+        done = await prune(pruner, before, bodies=bodies)
+        return f"pruned {what}{done.count} exchanges started before {at}"
+    would = await plan(pruner, before, bodies=bodies)
     oldest = "" if would.oldest is None else f" (the oldest from {str(would.oldest)[:19]})"
     return f"would prune {what}{would.exchanges} exchanges started before {at}{oldest}"

@@ -113,7 +113,7 @@ async def prune_before(url: str, before: datetime, *, bodies: bool = False, batc
     engine = create_engine(url)
     try:
         async with pruning(engine) as conn:
-            return await prune(conn, before, bodies=bodies, batch=batch, pause=0)
+            return (await prune(conn, before, bodies=bodies, batch=batch, pause=0)).count
     finally:
         await engine.dispose()
 
@@ -227,7 +227,7 @@ async def test_one_pruner_at_a_time_on_postgresql(pg_url: str) -> None:
                 async with pruning(second):
                     pass
         async with pruning(second) as conn:  # released with the first's session
-            assert await prune(conn, DAY0 + timedelta(days=30), pause=0) == 10
+            assert (await prune(conn, DAY0 + timedelta(days=30), pause=0)).count == 10
     finally:
         await first.dispose()
         await second.dispose()
@@ -253,18 +253,20 @@ def test_bodies_retention_may_not_outlast_the_exchanges() -> None:
 
 
 async def test_two_pruners_racing_over_the_same_rows_count_each_once(db_url: str) -> None:
-    """No lock between them (SQLite has none; on PostgreSQL each takes its own connection
-    without `pruning`): each folds only what its own DELETE removed."""
+    """No lock between them (SQLite has none; on PostgreSQL neither takes it): each folds
+    only what its own DELETE removed."""
     exchanges = workload(90)
     await recorded(db_url, exchanges)
     before = await reports(db_url)
     engines = [create_engine(db_url), create_engine(db_url)]
+    cut = DAY0 + timedelta(days=30)
+
+    async def one(engine: Any) -> int:
+        async with pruning(engine, exclusive=False) as pruner:
+            return (await prune(pruner, cut, batch=5, pause=0)).count
+
     try:
-        conns = [await engine.connect() for engine in engines]
-        cut = DAY0 + timedelta(days=30)
-        counts = await asyncio.gather(*(prune(c, cut, batch=5, pause=0) for c in conns))
-        for conn in conns:
-            await conn.close()
+        counts = await asyncio.gather(*(one(engine) for engine in engines))
     finally:
         for engine in engines:
             await engine.dispose()

@@ -7,6 +7,8 @@ Create Date: 2026-11-24
 One `rollups` row per UTC day and group (upstream, requested and answering model, key, user,
 tag set) with the sums the cost report needs, and its tags in `rollup_tags`, shaped like
 `tags`, so the report reads pruned and kept exchanges with the same groups and filters.
+`rollup_tags.rollup_id` has no foreign key: only `prune` writes these tables, and the check
+cost a scan of `rollups` per row on PostgreSQL (its plan was made when the table was empty).
 """
 
 from __future__ import annotations
@@ -53,12 +55,6 @@ def upgrade() -> None:
         sa.Column("rollup_id", sa.String(32), nullable=False),
         sa.Column("key", sa.String(), nullable=False),
         sa.Column("value", sa.String(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["rollup_id"],
-            ["rollups.id"],
-            name="fk_rollup_tags_rollup_id_rollups",
-            ondelete="CASCADE",
-        ),
         sa.PrimaryKeyConstraint("rollup_id", "key", name="pk_rollup_tags"),
     )
     op.create_index("ix_rollup_tags_key_value", "rollup_tags", ["key", "value"])

@@ -8,8 +8,9 @@ count one twice. Children are deleted explicitly, not left to `ON DELETE CASCADE
 SQLite applies only on connections that turned foreign keys on.
 
 Short transactions keep SQLite's write lock free for the recorder's writer: the batch is
-chosen and read before the first DELETE takes the lock, and after each batch the pruner waits
-at least three times as long as the batch took. On PostgreSQL deletes take row locks only,
+chosen and read before the first DELETE takes the lock, the transaction runs on a thread of
+its own (`Pruner`), and after each batch the pruner waits at least three times as long as
+the batch took. On PostgreSQL deletes take row locks only,
 which inserts never wait for; one session-level advisory lock (`PRUNE_LOCK`) lets one
 flightrec prune at a time.
 """
@@ -19,19 +20,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from . import rollups
 from . import tables as t
+from .engine import SQLITE_BUSY_TIMEOUT_MS as BUSY_MS
+from .engine import sqlite_pragmas
 
-BATCH = 200
-"""Exchanges per transaction."""
+T = TypeVar("T")
+
+BATCH = {"sqlite": 200, "postgresql": 500}
+"""Exchanges per transaction: on SQLite as many as keep the write lock short; PostgreSQL's
+deletes block no insert, and larger batches cost less per exchange."""
 PAUSE = 0.05
 """Least seconds between two batches."""
 SHARE = 3
@@ -48,6 +55,16 @@ class Busy(Exception):
     """Another flightrec holds the prune lock (PostgreSQL)."""
 
 
+@dataclass(slots=True)
+class Pruned:
+    """What a prune did."""
+
+    count: int = 0
+    """Exchanges pruned (or stripped of their bodies)."""
+    longest: float = 0.0
+    """Seconds the longest batch took, its transaction and the reads before it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What a prune would do (`--dry-run`)."""
@@ -56,28 +73,66 @@ class Plan:
     oldest: datetime | None
 
 
+class Pruner:
+    """Runs one function of a sync `Connection` per transaction: on SQLite on a thread of
+    its own, so the transaction runs start to end without waiting for the event loop (a
+    busy proxy's loop would stretch every statement, and the write lock with it); on
+    PostgreSQL on the loop, through the async connection (`run_sync`)."""
+
+    def __init__(self, sync: sa.Connection | None, aconn: AsyncConnection | None) -> None:
+        self._sync, self._async = sync, aconn
+        self.batch = BATCH["sqlite" if sync is not None else "postgresql"]
+
+    async def run(self, work: Callable[[sa.Connection], T]) -> T:
+        if self._sync is not None:
+            return await asyncio.to_thread(self._in_transaction, self._sync, work)
+        assert self._async is not None
+        async with self._async.begin():
+            return await self._async.run_sync(work)
+
+    @staticmethod
+    def _in_transaction(conn: sa.Connection, work: Callable[[sa.Connection], T]) -> T:
+        with conn.begin():
+            return work(conn)
+
+
 @contextlib.asynccontextmanager
-async def pruning(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A connection to prune through; on PostgreSQL it holds `PRUNE_LOCK` (else `Busy`).
+async def pruning(engine: AsyncEngine, *, exclusive: bool = True) -> AsyncIterator[Pruner]:
+    """A `Pruner` on `engine`'s database; on PostgreSQL, unless not `exclusive`, it holds
+    `PRUNE_LOCK` (or raises `Busy`).
 
     Session-level, not per transaction: one flightrec runs a whole prune while the others
     skip theirs, instead of interleaving batches; if the process dies, the server ends the
     session and the lock with it.
     """
-    async with engine.connect() as conn:
-        locking = conn.dialect.name == "postgresql"
+    if engine.dialect.name == "sqlite":
+        sync = sa.create_engine(
+            engine.url.set(drivername="sqlite"),
+            poolclass=sa.NullPool,
+            connect_args={"check_same_thread": False},  # one thread at a time, in turn
+        )
+        event.listen(sync, "connect", lambda con, _: sqlite_pragmas(con, busy_timeout_ms=BUSY_MS))
+        conn = await asyncio.to_thread(sync.connect)
+        try:
+            yield Pruner(conn, None)
+        finally:
+            await asyncio.to_thread(conn.close)
+            sync.dispose()
+        return
+    async with engine.connect() as aconn:
+        locking = exclusive
         if locking:
-            got = await conn.scalar(sa.select(sa.func.pg_try_advisory_lock(PRUNE_LOCK)))
-            await conn.commit()
+            got = await aconn.scalar(sa.select(sa.func.pg_try_advisory_lock(PRUNE_LOCK)))
+            await aconn.commit()
             if not got:
                 raise Busy("another flightrec is pruning this database")
         try:
-            yield conn
+            yield Pruner(None, aconn)
         finally:
-            if locking and not conn.closed and not conn.invalidated:
-                await conn.rollback()
-                await conn.execute(sa.select(sa.func.pg_advisory_unlock(PRUNE_LOCK)))
-                await conn.commit()
+            if locking and not aconn.closed and not aconn.invalidated:
+                await aconn.rollback()
+                await aconn.execute(sa.select(sa.func.pg_advisory_unlock(PRUNE_LOCK)))
+                await aconn.commit()
 
 
 def _has_bodies() -> sa.ColumnElement[bool]:
@@ -89,71 +144,83 @@ def _before(before: datetime, bodies: bool) -> list[sa.ColumnElement[bool]]:
     return [*found, _has_bodies()] if bodies else found
 
 
-async def plan(conn: AsyncConnection, before: datetime, *, bodies: bool = False) -> Plan:
+async def plan(pruner: Pruner, before: datetime, *, bodies: bool = False) -> Plan:
     """How many exchanges (with bodies, for `bodies`) started before `before`."""
     ex = t.exchanges
     query = sa.select(sa.func.count(), sa.func.min(ex.c.started_at)).where(*_before(before, bodies))
-    count, oldest = (await conn.execute(query)).one()
-    await conn.commit()
+    count, oldest = await pruner.run(lambda conn: conn.execute(query).one())
     return Plan(int(count), oldest)
 
 
 async def prune(
-    conn: AsyncConnection,
+    pruner: Pruner,
     before: datetime,
     *,
     bodies: bool = False,
-    batch: int = BATCH,
+    batch: int | None = None,
     pause: float = PAUSE,
     stop: asyncio.Event | None = None,
-) -> int:
+) -> Pruned:
     """Delete exchanges started before `before` (or, for `bodies`, only their bodies),
-    oldest first; returns how many. Stops early, between batches, once `stop` is set."""
-    ex = t.exchanges
-    done = 0
-    after: tuple[Any, str] | None = None
+    oldest first, `batch` at a time (default: `BATCH`). Stops early, between batches, once
+    `stop` is set."""
+    done = Pruned()
+    after: list[Any] = []
     while stop is None or not stop.is_set():
         began = time.monotonic()
-        async with conn.begin():
-            query = sa.select(ex.c.started_at, ex.c.id).where(*_before(before, bodies))
-            if after is not None:  # bodies: the stripped rows stay, so walk on past them
-                query = query.where(sa.tuple_(ex.c.started_at, ex.c.id) > after)
-            found = (
-                await conn.execute(query.order_by(ex.c.started_at, ex.c.id).limit(batch))
-            ).all()
-            if not found:
-                return done
-            ids = [row.id for row in found]
-            after = (found[-1].started_at, found[-1].id)
-            done += await (_strip(conn, ids) if bodies else _delete(conn, ids))
-        await asyncio.sleep(max(pause, SHARE * (time.monotonic() - began)))
+        size = batch or pruner.batch
+        count = await pruner.run(lambda conn: _batch(conn, before, bodies, size, after))
+        took = time.monotonic() - began
+        if count is None:
+            break
+        done.count += count
+        done.longest = max(done.longest, took)
+        await asyncio.sleep(max(pause, SHARE * took))
     return done
 
 
-async def _delete(conn: AsyncConnection, ids: Sequence[str]) -> int:
+def _batch(
+    conn: sa.Connection, before: datetime, bodies: bool, size: int, after: list[Any]
+) -> int | None:
+    """Prune the oldest `size` exchanges due; None when none is left. `after` holds the last
+    (started_at, id) stripped: bodies-only pruning walks on past the rows it keeps."""
+    ex = t.exchanges
+    query = sa.select(ex.c.started_at, ex.c.id).where(*_before(before, bodies))
+    if after:
+        query = query.where(sa.tuple_(ex.c.started_at, ex.c.id) > tuple(after))
+    found = conn.execute(query.order_by(ex.c.started_at, ex.c.id).limit(size)).all()
+    if not found:
+        return None
+    ids = [row.id for row in found]
+    if bodies:
+        after[:] = found[-1]
+        return _strip(conn, ids)
+    return _delete(conn, ids)
+
+
+def _delete(conn: sa.Connection, ids: Sequence[str]) -> int:
     """Fold, then delete, the exchanges `ids` that are still there."""
     ex, tags = t.exchanges, t.tags
-    found = (await conn.execute(rollups.fold_query(ids))).all()
+    found = conn.execute(rollups.fold_query(ids)).all()
     tagged: dict[str, list[tuple[str, str]]] = {id_: [] for id_ in ids}
-    for row in await conn.execute(sa.select(tags).where(tags.c.exchange_id.in_(ids))):
+    for row in conn.execute(sa.select(tags).where(tags.c.exchange_id.in_(ids))):
         tagged[row.exchange_id].append((row.key, row.value))
     summed = rollups.add(found, tagged)  # before the lock: it is held for writing alone
     for table in CHILDREN:  # the first write: SQLite's lock is taken here, not before
-        await conn.execute(sa.delete(table).where(table.c.exchange_id.in_(ids)))
-    deleted = sa.delete(ex).where(ex.c.id.in_(ids)).returning(ex.c.id)
-    gone = set((await conn.execute(deleted)).scalars())
+        conn.execute(sa.delete(table).where(table.c.exchange_id.in_(ids)))
+    gone = set(conn.execute(sa.delete(ex).where(ex.c.id.in_(ids)).returning(ex.c.id)).scalars())
     if len(gone) < len(found):  # another pruner took some first: fold only what went here
         summed = rollups.add((row for row in found if row.id in gone), tagged)
-    await rollups.save(conn, summed)
+    rollups.save(conn, summed)
     return len(gone)
 
 
-async def _strip(conn: AsyncConnection, ids: Sequence[str]) -> int:
+def _strip(conn: sa.Connection, ids: Sequence[str]) -> int:
     """Drop the bodies of `ids`: they read as omitted; usage, cost and tags stay."""
     ex = t.exchanges
     values: dict[str, Any] = dict.fromkeys(BODIES)
     values |= {"request_omitted": True, "response_omitted": True}
-    result = await conn.execute(sa.update(ex).where(ex.c.id.in_(ids)).values(values))
+    result = conn.execute(sa.update(ex).where(ex.c.id.in_(ids)).values(values))
     for table in BODY_ROWS:
-        await conn.execute(sa.delete(table).where(table.c.exchange_id.in_(ids)))
+        conn.execute(sa.delete(table).where(table.c.exchange_id.in_(ids)))
     return int(result.rowcount)

@@ -23,7 +23,6 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import tables as t
 from .filters import Filters
@@ -158,7 +157,7 @@ def add(found: Iterable[Any], tags: dict[str, list[tuple[str, str]]]) -> list[Ro
     return list(rollups.values())
 
 
-async def save(conn: AsyncConnection, rollups: list[Rollup]) -> None:
+def save(conn: sa.Connection, rollups: list[Rollup]) -> None:
     """Add `rollups` to the stored ones (a new group gets a row and its tags)."""
     if not rollups:
         return
@@ -169,7 +168,7 @@ async def save(conn: AsyncConnection, rollups: list[Rollup]) -> None:
     ]
     statement = insert(t.rollups)
     added = {name: t.rollups.c[name] + statement.excluded[name] for name in SUMS}
-    await conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=added), rows)
+    conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=added), rows)
     tag_rows = [{"rollup_id": r.id, "key": k, "value": v} for r in rollups for k, v in r.tags]
     if tag_rows:
-        await conn.execute(insert(t.rollup_tags).on_conflict_do_nothing(), tag_rows)
+        conn.execute(insert(t.rollup_tags).on_conflict_do_nothing(), tag_rows)

@@ -212,12 +212,9 @@ of the group (day, upstream, models, key, user, tags) so a later prune adds to t
 rollup_tags = sa.Table(
     "rollup_tags",
     metadata,
-    sa.Column(
-        "rollup_id",
-        sa.String(32),
-        sa.ForeignKey("rollups.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    # `rollups.id`, without a foreign key: only `prune` writes either table, and PostgreSQL
+    # checked the key with the plan it made when `rollups` was empty, a scan of it per row.
+    sa.Column("rollup_id", sa.String(32), primary_key=True),
     sa.Column("key", sa.String(), primary_key=True),
     sa.Column("value", sa.String(), nullable=False),
     sa.Index(None, "key", "value"),
