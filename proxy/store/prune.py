@@ -166,9 +166,9 @@ async def prune(
     `stop` is set."""
     done = Pruned()
     after: list[Any] = []
+    size = batch or pruner.batch
     while stop is None or not stop.is_set():
         began = time.monotonic()
-        size = batch or pruner.batch
         count = await pruner.run(lambda conn: _batch(conn, before, bodies, size, after))
         took = time.monotonic() - began
         if count is None:
