@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import openai
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
@@ -287,3 +288,23 @@ async def test_two_proxies_on_postgresql_prune_one_at_a_time(
     assert max(holders) == 1 and 1 in holders, holders
     assert set(ids) == await stored_ids(pg_url)
     assert await all_reports(pg_url, began) == before
+
+
+async def test_a_run_that_fails_logs_one_line_and_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What `serve`'s retention process does when the database is down: one warning, no
+    exception; the proxy's loop starts the next run an hour later."""
+    from dataclasses import replace
+
+    from proxy.config import Config
+    from proxy.retention import _run_here
+
+    with reserved_port() as port:  # nothing listens there
+        url = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/gone"
+        config = replace(Config(), db_url=url, retention_days=7)
+        with caplog.at_level("INFO", logger="proxy.retention"):
+            await _run_here(config, os.getppid())
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.retention"]
+    assert len(lines) == 1 and lines[0].startswith("retention: prune failed ("), lines
+    assert lines[0].endswith("next try in 3600s") and "\n" not in lines[0]
