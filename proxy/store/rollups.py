@@ -60,25 +60,12 @@ def where(filters: Filters) -> list[sa.ColumnElement[bool]]:
     """`filters` applied to rollups: the filters of the cost report, no others."""
     if filters.also or filters.requested_model or filters.originals_only or filters.limit:
         raise ValueError("rollups answer only since, until, model, key and tag filters")
-    r = t.rollups
-    found: list[sa.ColumnElement[bool]] = []
-    if filters.since is not None:
-        found.append(r.c.day >= filters.since)
-    if filters.until is not None:
-        found.append(r.c.day < filters.until)
-    if filters.model is not None:
-        found.append(sa.or_(r.c.model == filters.model, r.c.response_model == filters.model))
-    if filters.key is not None:
-        key = filters.key
-        found.append(
-            sa.or_(r.c.key_hint == key, r.c.key_hash.startswith(key.lower(), autoescape=True))
-        )
-    for key, value in filters.tags:
-        rt = t.rollup_tags
-        found.append(
-            sa.exists().where(rt.c.rollup_id == r.c.id, rt.c.key == key, rt.c.value == value)
-        )
-    return found
+    r, rt = t.rollups, t.rollup_tags
+
+    def tagged(key: str, value: str) -> sa.ColumnElement[bool]:
+        return sa.exists().where(rt.c.rollup_id == r.c.id, rt.c.key == key, rt.c.value == value)
+
+    return filters.report_where(r.c.day, r, tagged)
 
 
 def group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
