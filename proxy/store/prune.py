@@ -8,11 +8,10 @@ count one twice. Children are deleted explicitly, not left to `ON DELETE CASCADE
 SQLite applies only on connections that turned foreign keys on.
 
 Short transactions keep SQLite's write lock free for the recorder's writer: the batch is
-chosen and read before the first DELETE takes the lock, the transaction runs on a thread of
-its own (`Pruner`), and after each batch the pruner waits at least three times as long as
-the batch took. On PostgreSQL deletes take row locks only,
-which inserts never wait for; one session-level advisory lock (`PRUNE_LOCK`) lets one
-flightrec prune at a time.
+chosen and read before the first DELETE takes the lock, the transaction runs in one call on a
+thread of its own (`Pruner`), and after each batch the pruner waits at least three times as
+long as the batch took. On PostgreSQL deletes take row locks only, which inserts never wait
+for; one session-level advisory lock (`PRUNE_LOCK`) lets one flightrec prune at a time.
 """
 
 from __future__ import annotations
@@ -74,10 +73,10 @@ class Plan:
 
 
 class Pruner:
-    """Runs one function of a sync `Connection` per transaction: on SQLite on a thread of
-    its own, so the transaction runs start to end without waiting for the event loop (a
-    busy proxy's loop would stretch every statement, and the write lock with it); on
-    PostgreSQL on the loop, through the async connection (`run_sync`)."""
+    """Runs one function of a sync `Connection` per transaction: on SQLite in one call on a
+    thread of its own, so the transaction never waits for the event loop between statements
+    (a busy loop stretched each one, and the write lock with it); on PostgreSQL on the loop,
+    through the async connection (`run_sync`)."""
 
     def __init__(self, sync: sa.Connection | None, aconn: AsyncConnection | None) -> None:
         self._sync, self._async = sync, aconn
