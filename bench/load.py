@@ -6,7 +6,8 @@ process so its cost never lands on a target.
 Commands (`op`):
 - `closed`: `concurrency` connections each send requests back to back, `warmup` requests
   first (not measured), then `requests` of them or until `seconds` pass. Latency per request
-  with perf_counter_ns; for streams also the time to the first body byte (TTFB).
+  with perf_counter_ns; for streams also the time to the first body byte (TTFB). With `raw`,
+  the result also lists every latency.
 - `paired`: one connection to each of several `ports`; each cycle sends one request to each,
   in a fresh random order, `warmup` cycles first, then `requests` cycles or until `seconds`
   pass. One result per port, in the order given. With `pids`, the measured cycles start once
@@ -266,6 +267,8 @@ async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     out.update(elapsed_s=elapsed, rps=out["ok"] / elapsed if elapsed else 0.0)
     if pids:
         out.update(cpu_s=cpu, rss_kib=rss_kib(pids))
+    if cmd.get("raw"):  # every latency, for a caller merging several runs' percentiles
+        out["latencies_ns"] = tally.latencies
     return out
 
 

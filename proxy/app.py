@@ -2,9 +2,10 @@
 
 The application owns two long-lived things, both in `cleanup_ctx` so they live exactly as long
 as the server: the pooled upstream `ClientSession` and the sinks (the recorder first, then any
-others, `proxy.sinks`). Shutdown order matters: stop listening, let in-flight exchanges finish
-(bounded by `shutdown_grace`), complete the records still waiting, then stop the sinks in
-reverse order, each delivering everything it holds.
+others, `proxy.sinks`); `run` adds the retention task when retention is configured.
+Shutdown order matters: stop listening, let in-flight exchanges finish (bounded by
+`shutdown_grace`), complete the records still waiting, then stop the sinks in reverse order,
+each delivering everything it holds.
 """
 
 from __future__ import annotations
@@ -123,7 +124,12 @@ async def run(
         from .otlp import OtlpExporter
 
         sinks.append(OtlpExporter(config, dropped=metrics.spans_dropped))
-    runner = make_runner(build_app(config, recorder, sinks=sinks), config)
+    app = build_app(config, recorder, sinks=sinks)
+    if config.retention_days or config.retention_bodies_days:
+        from .retention import background
+
+        app.cleanup_ctx.append(background(config))
+    runner = make_runner(app, config)
     _tune_gc()
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)

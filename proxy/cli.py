@@ -241,5 +241,12 @@ def playback(
     asyncio.run(playback_mod.run(cfg, options))
 
 
-for _command in (cli_store.db, cli_store.logs, cli_store.show, cli_store.cost, cli_store.export):
+for _command in (
+    cli_store.db,
+    cli_store.logs,
+    cli_store.show,
+    cli_store.cost,
+    cli_store.export,
+    cli_store.prune,
+):
     main.add_command(_command)

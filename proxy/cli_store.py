@@ -245,3 +245,80 @@ def export(
         out.flush()
     if output is not None:
         click.echo(f"exported {count} exchanges to {output}", err=True)
+
+
+# --- `prune`: retention by hand (thin; the work is in proxy/store/prune.py) ---
+
+
+def _parse_before(value: str) -> Any:
+    from datetime import UTC, datetime
+
+    from .store.read import parse_since
+
+    when = parse_since(value)
+    if when > datetime.now(UTC):
+        raise ValueError(f"{value!r} is in the future")
+    return when
+
+
+@click.command()
+@config_option
+@click.option(
+    "--before",
+    default=None,
+    callback=parse_with(_parse_before),
+    help="Prune exchanges started before T: an age (90d, 12h, 2w) or an ISO date/time "
+    "(local time if no zone). Default: the config's retention_days and retention_bodies_days.",
+)
+@click.option(
+    "--bodies",
+    is_flag=True,
+    help="With --before: drop only bodies, choices, logprobs and raw streams; keep the rest.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be pruned; change nothing.")
+@db_option
+@user_errors
+def prune(
+    config_path: str | None, before: Any, bodies: bool, dry_run: bool, db_url: str | None
+) -> None:
+    """Delete old exchanges; their usage and cost stay in daily rollups, so every cost
+    report is unchanged."""
+    from datetime import UTC, datetime
+
+    from .retention import cutoffs
+    from .store import read
+    from .store.prune import Busy, pruning
+
+    cfg = load_config(config_path, db_url=db_url)
+    if bodies and before is None:
+        raise click.UsageError("--bodies needs --before T")
+    found = [(before, bodies)] if before is not None else cutoffs(cfg, datetime.now(UTC))
+    if not found:
+        raise click.UsageError("give --before T, or set retention_days in the config")
+
+    async def run() -> list[str]:
+        async with read.reading(cfg.db_url) as engine, pruning(engine) as pruner:
+            return [await _prune_one(pruner, when, only, dry_run) for when, only in found]
+
+    try:
+        lines = asyncio.run(run())
+    except Busy as exc:
+        raise click.ClickException(f"{exc}; try again later") from None
+    for line in lines:
+        click.echo(line)
+    if dry_run:
+        click.echo("dry run: nothing changed")
+
+
+async def _prune_one(pruner: Any, before: Any, bodies: bool, dry_run: bool) -> str:
+    """Prune (or plan to) before `before`; one line saying what was (or would be) done."""
+    from .store.prune import plan, prune
+
+    what = "the bodies of " if bodies else ""
+    at = before.isoformat(timespec="seconds")
+    if not dry_run:
+        done = await prune(pruner, before, bodies=bodies)
+        return f"pruned {what}{done.count} exchanges started before {at}"
+    would = await plan(pruner, before, bodies=bodies)
+    oldest = "" if would.oldest is None else f" (the oldest from {str(would.oldest)[:19]})"
+    return f"would prune {what}{would.exchanges} exchanges started before {at}{oldest}"

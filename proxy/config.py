@@ -98,6 +98,12 @@ class Config:
     store_bodies: str = "full"
     redact: tuple[RedactRule, ...] = ()
     """`[[redact]]` rules, in order (`proxy.redact`)."""
+    retention_days: int = 0
+    """Exchanges older than this many days are pruned (usage and cost kept in rollups); 0:
+    kept forever."""
+    retention_bodies_days: int = 0
+    """Bodies (and choices, logprobs, raw streams) older than this many days are dropped; 0:
+    kept as long as their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
     """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
     shipped table by `proxy.pricing.PriceTable.load`."""
@@ -257,6 +263,8 @@ KEYS: dict[str, Key] = {
     "store_bodies": Key(
         _choice("full", "metadata"), "full: keep bodies; metadata: usage, cost, timings only"
     ),
+    "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
+    "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
@@ -315,6 +323,14 @@ def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
     return Frozen({model: Frozen(fields) for model, fields in raw.items()})
 
 
+def _check_retention(config: Config) -> None:
+    days, bodies = config.retention_days, config.retention_bodies_days
+    if days and bodies > days:
+        raise ConfigError(
+            f"retention_bodies_days: must not exceed retention_days ({days}), got {bodies}"
+        )
+
+
 def load(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -365,6 +381,7 @@ def load(
         rules = [{"preset": name.strip()} for name in presets.split(",") if name.strip()]
     if rules is not None:
         config = replace(config, redact=parse_rules(rules, ConfigError))
+    _check_retention(config)
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"

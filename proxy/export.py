@@ -137,7 +137,7 @@ def _har_content(record: dict[str, Any]) -> dict[str, Any]:
     content: dict[str, Any] = {"size": record["response_bytes"], "mimeType": "", "text": ""}
     raw = record.get("raw_stream")
     if record["response_omitted"]:
-        content["comment"] = "not stored (X-Flightrec-Omit or store_bodies)"
+        content["comment"] = "not stored (X-Flightrec-Omit, store_bodies or retention_bodies_days)"
     elif raw is not None:
         content.update(mimeType=record["content_type"] or "", text=_stream_text(raw))
     elif record["response"] is not None:

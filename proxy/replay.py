@@ -112,7 +112,8 @@ def _job(
     request = original["request"]
     if original["request_omitted"]:
         raise ReplayError(
-            f"exchange {id_}: its request body was not stored (X-Flightrec-Omit or store_bodies)"
+            f"exchange {id_}: its request body was not stored "
+            "(X-Flightrec-Omit, store_bodies or retention_bodies_days)"
         )
     if not isinstance(request, dict):
         raise ReplayError(f"exchange {id_}: only JSON request bodies can be replayed")

@@ -29,13 +29,16 @@ log = logging.getLogger(__name__)
 
 
 def worker_config(config: Config, index: int) -> Config:
-    """Worker 0 alone serves the console: one console whatever N is."""
+    """Worker 0 alone serves the console and prunes: one console and one pruner whatever N
+    is."""
     console_port = config.console_port if index == 0 else 0
     return replace(
         config,
         spool_path=f"{config.spool_path}.{index}",
         auto_upgrade=False,
         console_port=console_port,
+        retention_days=config.retention_days if index == 0 else 0,
+        retention_bodies_days=config.retention_bodies_days if index == 0 else 0,
     )
 
 

@@ -36,6 +36,8 @@ TABLES = {
     "logprobs",
     "raw_streams",
     "fingerprints",
+    "rollups",
+    "rollup_tags",
 }
 
 

@@ -2,7 +2,7 @@
 kept because a match could not be redacted in it faithfully (a stream's raw bytes, logprobs).
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 Create Date: 2026-11-24
 
 Nullable JSON, NULL for every exchange no rule matched (all of them before this revision):
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
-down_revision: str | None = "0003"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

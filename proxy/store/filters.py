@@ -3,8 +3,10 @@ and the console, turned into SQL conditions in one place."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -36,27 +38,41 @@ class Filters:
     def where(self) -> list[sa.ColumnElement[bool]]:
         ex = t.exchanges
         found = list(self.also)
-        if self.since is not None:
-            found.append(ex.c.started_at >= self.since)
-        if self.until is not None:
-            found.append(ex.c.started_at < self.until)
-        if self.model is not None:
-            found.append(sa.or_(ex.c.model == self.model, ex.c.response_model == self.model))
         if self.requested_model is not None:
             found.append(ex.c.model == self.requested_model)
+        if self.originals_only:
+            found.append(ex.c.replay_of.is_(None))
+
+        def tagged(key: str, value: str) -> sa.ColumnElement[bool]:
+            tags = t.tags
+            return sa.exists().where(
+                tags.c.exchange_id == ex.c.id, tags.c.key == key, tags.c.value == value
+            )
+
+        return found + self.report_where(ex.c.started_at, ex, tagged)
+
+    def report_where(
+        self,
+        time: sa.ColumnElement[Any],
+        table: sa.Table,
+        tagged: Callable[[str, str], sa.ColumnElement[bool]],
+    ) -> list[sa.ColumnElement[bool]]:
+        """The filters the cost report has, on `table` (exchanges or rollups: the same
+        `model`, `response_model`, `key_hint` and `key_hash` columns) with its `time`;
+        `tagged(k, v)` says a row has tag k=v."""
+        found = []
+        if self.since is not None:
+            found.append(time >= self.since)
+        if self.until is not None:
+            found.append(time < self.until)
+        if self.model is not None:
+            found.append(sa.or_(table.c.model == self.model, table.c.response_model == self.model))
         if self.key is not None:
             found.append(
                 sa.or_(
-                    ex.c.key_hint == self.key,
-                    ex.c.key_hash.startswith(self.key.lower(), autoescape=True),
+                    table.c.key_hint == self.key,
+                    table.c.key_hash.startswith(self.key.lower(), autoescape=True),
                 )
             )
-        if self.originals_only:
-            found.append(ex.c.replay_of.is_(None))
-        for key, value in self.tags:
-            found.append(
-                sa.exists().where(
-                    t.tags.c.exchange_id == ex.c.id, t.tags.c.key == key, t.tags.c.value == value
-                )
-            )
+        found += [tagged(key, value) for key, value in self.tags]
         return found

@@ -1,9 +1,11 @@
 """The spend report behind `flightrec cost`, and `--reprice`.
 
-`cost_report` is one SQL GROUP BY per call: `exchanges` joined with `usage` (and with `tags`
+`cost_report` is one SQL statement per call: `exchanges` joined with `usage` (and with `tags`
 for `--by tag:<k>` or `--tag` filters), aggregated by the database, so a report over millions
-of exchanges never brings a row into Python. `reprice` walks the stored exchanges by id in
-batches and re-prices each with today's table (`rows.cost_for`, as the writer does).
+of exchanges never brings a row into Python; beside it (UNION ALL) the same groups of the
+daily rollups that pruned exchanges left (`rollups.py`). `reprice` walks the stored exchanges
+by id in batches and re-prices each with today's table (`rows.cost_for`, as the writer does);
+rollups keep the cost their exchanges had when pruned.
 
 What the report counts (the README's *Cost* section says it for users):
 
@@ -23,7 +25,7 @@ What the report counts (the README's *Cost* section says it for users):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -33,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..pricing import PriceTable
 from ..terminal import printable
+from . import rollups
 from . import tables as t
 from .filters import Filters
 from .rows import cost_for
@@ -89,11 +92,7 @@ def _group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
             # (docs/performance.md). The same value wrapped in an expression is not indexed.
             return sa.func.coalesce(plain, sa.null()), source
         return plain, source
-    # day, in UTC: SQLite stores UTC times as 'YYYY-MM-DD HH:MM:SS...' text.
-    if dialect == "postgresql":
-        day = sa.func.to_char(sa.func.timezone("UTC", ex.c.started_at), "YYYY-MM-DD")
-        return day, source
-    return sa.func.substr(ex.c.started_at, 1, 10), source
+    return rollups.day_text(ex.c.started_at, dialect), source
 
 
 def cost_nano() -> sa.ColumnElement[int]:
@@ -113,7 +112,9 @@ def is_unpriced() -> sa.ColumnElement[bool]:
     )
 
 
-def _report_query(by: str, filters: Filters, dialect: str) -> sa.Select[Any]:
+def _report_query(by: str, filters: Filters, dialect: str) -> sa.CompoundSelect[Any]:
+    """Kept exchanges and rollups of pruned ones, each grouped, in one statement (one
+    snapshot: a prune committing meanwhile moves nothing between the two sides)."""
     ex, usage = t.exchanges, t.usage
     group, source = _group_column(by, dialect)
     nano, unpriced = cost_nano(), is_unpriced()
@@ -130,25 +131,48 @@ def _report_query(by: str, filters: Filters, dialect: str) -> sa.Select[Any]:
     ]
     if by == "key":
         columns.append(sa.func.max(ex.c.key_hint).label("key_hint"))
-    return sa.select(*columns).select_from(source).where(*filters.where()).group_by(group)
+    kept = sa.select(*columns).select_from(source).where(*filters.where()).group_by(group)
+    rolled_group, rolled_source = rollups.group_column(by, dialect)
+    rolled_columns: list[Any] = [rolled_group.label("group"), *rollups.sums(*rollups.SUMS)]
+    if by == "key":
+        rolled_columns.append(sa.func.max(t.rollups.c.key_hint).label("key_hint"))
+    rolled = (
+        sa.select(*rolled_columns)
+        .select_from(rolled_source)
+        .where(*rollups.where(filters))
+        .group_by(rolled_group)
+    )
+    return sa.union_all(kept, rolled)
 
 
-def _row(found: Any, by: str) -> dict[str, Any]:
-    nano = int(found.cost_nano or 0)
-    unpriced = int(found.unpriced_requests or 0)
+def merge(found: Iterable[Any], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows of the two sides of a union that share `keys` summed into one (`key_hint`: the
+    largest, as SQL's max)."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in found:
+        values = row._asdict()
+        into = merged.setdefault(tuple(values[k] for k in keys), dict.fromkeys(values, 0))
+        for name, value in values.items():
+            if name in keys:
+                into[name] = value
+            elif name == "key_hint":
+                into[name] = max(filter(None, (into[name], value)), default=None)
+            else:
+                into[name] += int(value or 0)
+    return list(merged.values())
+
+
+def _row(found: dict[str, Any], by: str) -> dict[str, Any]:
+    unpriced = found["unpriced_requests"]
     row: dict[str, Any] = {
-        "group": found.group,
-        "requests": int(found.requests),
-        "prompt_tokens": int(found.prompt_tokens or 0),
-        "cached_tokens": int(found.cached_tokens or 0),
-        "completion_tokens": int(found.completion_tokens or 0),
-        "reasoning_tokens": int(found.reasoning_tokens or 0),
+        "group": found["group"],
+        **{name: found[name] for name in COLUMNS[1:6]},
         # Exact: a whole number of nano-dollars, as a Decimal.
-        "cost_usd": None if found.priced == 0 and unpriced else nano * NANO,
+        "cost_usd": None if found["priced"] == 0 and unpriced else found["cost_nano"] * NANO,
         "unpriced_requests": unpriced,
     }
     if by == "key":
-        row["key_hint"] = found.key_hint
+        row["key_hint"] = found["key_hint"]
     return row
 
 
@@ -175,7 +199,7 @@ async def cost_report(
     query = _report_query(by, filters or Filters(), engine.dialect.name)
     async with engine.connect() as conn:
         found = (await conn.execute(query)).all()
-    return _order(by, [_row(row, by) for row in found])
+    return _order(by, [_row(row, by) for row in merge(found, ["group"])])
 
 
 def total(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:

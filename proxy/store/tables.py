@@ -8,6 +8,8 @@ both sort and compare as time. Exchange ids are UUIDv7 strings, time-ordered.
 `exchanges.request`/`response` and `usage.raw` are the source of truth; `completions`,
 `choices`, `usage` columns and `logprobs` are projections of them kept for querying.
 `raw_streams` keeps the exact bytes of a stream (gzip) and their timing, for playback.
+`rollups` and `rollup_tags` hold the usage and cost of pruned exchanges, one row per day and
+group (`proxy/store/rollups.py`).
 """
 
 from __future__ import annotations
@@ -183,4 +185,39 @@ fingerprints = sa.Table(
     sa.Column("first_seen", Time, nullable=False),
     sa.Column("last_seen", Time, nullable=False),
     sa.Column("count", sa.BigInteger(), nullable=False),
+)
+
+rollups = sa.Table(
+    "rollups",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("day", Time, nullable=False),
+    sa.Column("upstream", sa.String(), nullable=False),
+    sa.Column("model", sa.String()),
+    sa.Column("response_model", sa.String()),
+    sa.Column("key_hash", sa.String()),
+    sa.Column("key_hint", sa.String()),
+    sa.Column("end_user", sa.String()),
+    sa.Column("requests", sa.BigInteger(), nullable=False),
+    sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("cached_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("reasoning_tokens", sa.BigInteger(), nullable=False),
+    sa.Column("cost_nano", sa.BigInteger(), nullable=False),
+    sa.Column("priced", sa.BigInteger(), nullable=False),
+    sa.Column("unpriced", sa.BigInteger(), nullable=False),
+    sa.Index(None, "day"),
+)
+"""Pruned exchanges summed per UTC day (`day` is its midnight) and group; `id` is a digest
+of the group (day, upstream, models, key, user, tags) so a later prune adds to the same row."""
+
+rollup_tags = sa.Table(
+    "rollup_tags",
+    metadata,
+    # `rollups.id`, without a foreign key: only `prune` writes either table, and PostgreSQL
+    # checked the key with the plan it made when `rollups` was empty, a scan of it per row.
+    sa.Column("rollup_id", sa.String(32), primary_key=True),
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("value", sa.String(), nullable=False),
+    sa.Index(None, "key", "value"),
 )
