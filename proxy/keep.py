@@ -45,6 +45,9 @@ class Keep:
             ex.request_body = ex.request_json = None
             ex.response_body = ex.response_json = ex.raw_stream_gz = ex.raw_pacing = None
             ex.error, ex.query, ex.user, ex.parse_errors, ex.tags = None, "", None, [], {}
+            ex.path, ex.upstream_url = "[REDACTION FAILED]", ""  # a path can hold a secret
+            ex.model = ex.response_model = ex.system_fingerprint = None
+            ex.upstream_request_id = ex.content_type = None
             ex.redacted = {"rules": [], "failed": True}
 
 
@@ -71,8 +74,12 @@ def redact_exchange(redactor: Redactor, ex: Exchange) -> None:
         ex.redacted = noted(hits, dropped)
 
 
-TEXTS = ("error", "query", "path", "upstream_url", "user", "parse_errors", "tags")
-"""What else of an exchange (or its `show --json` record) may hold what a rule matches."""
+TEXTS = (
+    "error", "query", "path", "upstream_url", "user", "parse_errors", "tags", "model",
+    "response_model", "system_fingerprint", "upstream_request_id", "content_type",
+)  # fmt: skip
+"""What else of an exchange (or its `show --json` record) may hold what a rule matches: all
+the client or the upstream chose."""
 
 
 def redact_record(redactor: Redactor, record: dict[str, Any]) -> None:

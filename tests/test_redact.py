@@ -213,6 +213,12 @@ def test_the_rest_of_the_record_is_redacted() -> None:
             error="upstream said: bad key sk-abcdefghijklmnopqrstuvwx01",
             parse_errors=["event 2: data is not JSON: b'a@b.io'"],
             tags={"owner": "a@b.io"},
+            model="ft:a@b.io",
+            response_model="ft:a@b.io",
+            system_fingerprint="fp a@b.io",
+            upstream_request_id="req a@b.io",
+            content_type="text/plain; a@b.io",
+            upstream_url="https://a@b.io/v1",
         ),
         "email",
         "api_key",
@@ -222,7 +228,21 @@ def test_the_rest_of_the_record_is_redacted() -> None:
     assert ex.error == "upstream said: bad key [REDACTED:api_key]"
     assert ex.parse_errors == ["event 2: data is not JSON: b'[REDACTED:email]'"]
     assert ex.tags == {"owner": "[REDACTED:email]"}
+    chosen = (ex.model, ex.response_model, ex.system_fingerprint, ex.upstream_request_id)
+    assert chosen == ("ft:[REDACTED:email]",) * 2 + ("fp [REDACTED:email]", "req [REDACTED:email]")
+    assert ex.content_type == "text/plain; [REDACTED:email]"
+    assert ex.upstream_url == "https://[REDACTED:email]/v1"
     assert ex.redacted == {"rules": ["api_key", "email"]}
+
+
+def test_an_exported_record_has_what_the_client_or_upstream_chose_redacted() -> None:
+    record: dict[str, Any] = {name: "x a@b.io" for name in keep.TEXTS}
+    record |= {"request": None, "response": None, "raw_stream": None, "redacted": None}
+    keep.redact_record(ALL, record)
+    for name in ("model", "response_model", "system_fingerprint", "upstream_request_id"):
+        assert record[name] == "x [REDACTED:email]"
+    assert record["content_type"] == "x [REDACTED:email]"
+    assert record["redacted"] == {"rules": ["email"]}
 
 
 def test_a_failed_redaction_keeps_the_record_but_nothing_it_may_hold(
@@ -234,10 +254,16 @@ def test_a_failed_redaction_keeps_the_record_but_nothing_it_may_hold(
     monkeypatch.setattr(keep, "redact_exchange", broken)
     fields = {"request_json": {"a": "a@b.io"}, "request_body": b'{"a":"a@b.io"}'}
     fields |= {"user": "a@b.io", "query": "q=a@b.io", "error": "a@b.io", "tags": {"t": "a@b.io"}}
-    ex = _keep(_exchange(model="gpt-4o", **fields), "email")
+    fields |= {"model": "ft:a@b.io", "response_model": "ft:a@b.io", "path": "/v1/a@b.io"}
+    fields |= {"upstream_url": "https://a@b.io", "system_fingerprint": "a@b.io"}
+    fields |= {"upstream_request_id": "a@b.io", "content_type": "text/a@b.io"}
+    ex = _keep(_exchange(**fields), "email")
     kept = (ex.request_json, ex.request_body, ex.user, ex.query, ex.error)
     assert kept == (None, None, None, "", None)
-    assert ex.tags == {} and ex.model == "gpt-4o" and ex.omit_request and ex.omit_response
+    chosen = (ex.model, ex.response_model, ex.system_fingerprint, ex.upstream_request_id)
+    assert chosen == (None,) * 4 and ex.content_type is None and ex.upstream_url == ""
+    assert ex.path == "[REDACTION FAILED]"
+    assert ex.tags == {} and ex.omit_request and ex.omit_response
     assert ex.redacted == {"rules": [], "failed": True}
     assert "redaction failed" in caplog.text
 
