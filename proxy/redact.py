@@ -19,99 +19,16 @@ from __future__ import annotations
 import gzip
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from .jsontext import dumps
+from .redact_presets import CHECKS, DIGITS, HINTS, PRESETS, card_spans, digit_count, luhn
 
-PRESETS: dict[str, str] = {
-    "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
-    "card": r"[1-9](?:[ -]?[0-9]){12,18}(?![0-9A-Za-z_])",
-    "phone": (  # the first character taken by one class, then told apart by lookbehinds
-        r"[+(0-9](?:(?<=\+)[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)|[0-9]{1,4})(?:[ .-]?[0-9]{2,4}){1,4}"
-        r"|(?<=\()[0-9]{3}\)[ .-]?[0-9]{3}[ .-]?[0-9]{4}"
-        r"|(?<=[0-9])[0-9]{2}[.-][0-9]{3}[.-][0-9]{4})(?!\w)"
-    ),
-    "api_key": (
-        r"(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
-        r"|Bearer\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token
-        r"|AKIA[0-9A-Z]{16}"  # AWS access key id
-        r"|AIza[0-9A-Za-z_-]{35}"  # Google API key
-        r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"  # GitHub
-        r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
-        r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
-        r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
-        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # a JWT
-        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----[A-Za-z0-9+/=\s:,-]{0,8000}?"  # PEM
-        r"-----END[A-Z ]{0,20} PRIVATE KEY-----)"
-    ),
-}
-"""Patterns of the presets, each also checked by `_CHECKS`. None starts with a lookbehind
-or an alternation (what comes before a match is the check's to judge): Python's engine
-searches a pattern that starts with one character class up to ten times faster. Digits are
-ASCII (`[0-9]` is faster than a digit category)."""
-
-
-def luhn(digits: str) -> bool:
-    """Whether a run of digits (spaces and dashes ignored) passes the Luhn check."""
-    total = 0
-    for position, char in enumerate(reversed(digits.replace(" ", "").replace("-", ""))):
-        value = int(char) * (2 if position % 2 else 1)
-        total += value - 9 if value > 9 else value
-    return total % 10 == 0
-
-
-def _before(match: re.Match[str]) -> str:
-    """The character before a match ("" at the start)."""
-    start = match.start()
-    return match.string[start - 1] if start else ""
-
-
-def _card(match: re.Match[str]) -> bool:
-    """Not the tail of a word, a longer number or a decimal fraction (`chatcmpl-AB00000...`
-    is an id), and Luhn-valid."""
-    before = _before(match)
-    return not (before and (before.isalnum() or before in "._")) and luhn(match.group())
-
-
-def _phone(match: re.Match[str]) -> bool:
-    """Not the tail of a word or a number, and 7 to 15 digits (E.164's most)."""
-    before = _before(match)
-    if before and (before.isalnum() or before in "_+"):
-        return False
-    return 7 <= sum(char.isdigit() for char in match.group()) <= 15
-
-
-def _key(match: re.Match[str]) -> bool:
-    """Not the tail of a word (`task-...` is not an `sk-` key)."""
-    before = _before(match)
-    return not (before.isascii() and before.isalnum())
-
-
-_CHECKS: dict[str, Callable[[re.Match[str]], bool]] = {
-    "card": _card,
-    "phone": _phone,
-    "api_key": _key,
-}
-_HINTS = {"email": "@"}
-"""A substring every match of the preset holds: text without it is not searched."""
-_DIGITS = {"card": 13, "phone": 7}
-"""The fewest ASCII digits a match of the preset holds: text with fewer is not searched
-(counting them is ten times faster than Python's regular expressions scan prose)."""
-_NOT_DIGITS = bytes(b for b in range(256) if not 0x30 <= b <= 0x39)
-_counted: tuple[str, int] = ("", 0)
-
-
-def _digit_count(text: str) -> int:
-    """ASCII digits in `text`; the last text's count is kept (each preset asks in turn)."""
-    global _counted
-    if _counted[0] is not text:
-        digits = text.encode("utf-8", "surrogateescape").translate(None, _NOT_DIGITS)
-        _counted = (text, len(digits))
-    return _counted[1]
+__all__ = ["PRESETS", "Hits", "RedactRule", "Redactor", "luhn", "parse_rules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,16 +95,29 @@ def shortest(pattern: str) -> int:
         return 0
 
 
+Spans = Callable[[str], Iterator[tuple[int, int]]]
+"""Where a rule matches in a text: (start, end), in order, never empty."""
+
+
+def _spans(regex: re.Pattern[str], check: Callable[[re.Match[str]], bool] | None) -> Spans:
+    def spans(text: str) -> Iterator[tuple[int, int]]:
+        for match in regex.finditer(text):
+            if match.end() > match.start() and (check is None or check(match)):
+                yield match.span()
+
+    return spans
+
+
 class _Compiled:
-    __slots__ = ("check", "digits", "hint", "name", "regex", "replace", "screens", "shortest")
+    __slots__ = ("digits", "hint", "name", "replace", "screens", "shortest", "spans")
 
     def __init__(self, rule: RedactRule) -> None:
         self.name = rule.name
-        self.regex = re.compile(rule.pattern)
         self.replace = rule.replace
-        self.check = _CHECKS.get(rule.preset or "")
-        self.hint = _HINTS.get(rule.preset or "")
-        self.digits = _DIGITS.get(rule.preset or "", 0)
+        regex, preset = re.compile(rule.pattern), rule.preset or ""
+        self.spans = card_spans if preset == "card" else _spans(regex, CHECKS.get(preset))
+        self.hint = HINTS.get(preset)
+        self.digits = DIGITS.get(preset, 0)
         self.shortest = shortest(rule.pattern)
         self.screens = rule.preset is not None
         """Whether a whole JSON value's text can be searched at once for this rule
@@ -198,31 +128,26 @@ class _Compiled:
         """Whether `text` cannot hold a match, told without searching it."""
         if len(text) < self.shortest or (self.hint is not None and self.hint not in text):
             return True
-        return self.digits > 0 and _digit_count(text) < self.digits
+        return self.digits > 0 and digit_count(text) < self.digits
 
     def found_in(self, text: str) -> bool:
         """Whether the rule matches somewhere in `text` (nothing is replaced)."""
-        if self.hopeless(text):
-            return False
-        if self.check is None:
-            return self.regex.search(text) is not None
-        return any(self.check(match) for match in self.regex.finditer(text))
+        return not self.hopeless(text) and next(self.spans(text), None) is not None
 
     def apply(self, text: str) -> str | None:
-        """`text` redacted; None when nothing matched."""
+        """`text` redacted (the replacement taken literally); None when nothing matched. An
+        empty match is never replaced: it holds nothing."""
         if self.hopeless(text):
             return None
-        check, replace, hit = self.check, self.replace, False
-
-        def substitute(match: re.Match[str]) -> str:
-            nonlocal hit
-            if check is not None and not check(match):
-                return match.group()
-            hit = True
-            return replace
-
-        out = self.regex.sub(substitute, text)
-        return out if hit else None
+        pieces: list[str] = []
+        at = 0
+        for start, end in self.spans(text):
+            pieces += (text[at:start], self.replace)
+            at = end
+        if not pieces:
+            return None
+        pieces.append(text[at:])
+        return "".join(pieces)
 
 
 Hits = set[str]

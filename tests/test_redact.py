@@ -72,11 +72,30 @@ def test_each_preset_replaces_what_it_is_for(found: str, rule: str) -> None:
         "Bearer authentication is a scheme; user@localhost has no domain",
         "id 0199a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b",
         "id chatcmpl-AUbenchmock0000000000000000 and 4111111111111111x",
+        "item 3 4111 1111 1111 1112, qty 1 4111111111111112",  # Luhn-invalid after a number
+        "v1.4111111111111111 and 4111 1111 1111 1111x and 0 0000 0000 0000 0000",
         "[REDACTED:email] stays",
     ],
 )
 def test_what_only_looks_like_it_is_kept(text: str) -> None:
     assert redact(text) == (text, set())
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("item 3 4111 1111 1111 1111", "item 3 "),
+        ("exp 2025 4111 1111 1111 1111", "exp 2025 "),
+        ("qty 1 4111111111111111", "qty 1 "),
+        ("order 7-4111-1111-1111-1111", "order 7-"),
+        ("4111 1111 1111 1111 22 pcs", " 22 pcs"),  # a card, then another number
+        ("1 2 3 4111 1111 1111 1111 4 5", "1 2 3  4 5"),
+    ],
+)
+def test_a_card_beside_other_numbers_is_found(text: str, kept: str) -> None:
+    out, hits = redact(text)
+    assert out.replace("[REDACTED:card]", "") == kept and out.count("[REDACTED:card]") == 1
+    assert hits == {"card"}
 
 
 def test_luhn() -> None:
@@ -124,6 +143,13 @@ def test_rules_from_config_and_their_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as caught:
             load(path, env={})
         assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_empty_match_is_never_replaced() -> None:
+    hits: Hits = set()
+    rules = parse_rules([{"pattern": "\\b|x"}, {"name": "a", "pattern": "(?=a)|y"}], ConfigError)
+    assert Redactor(rules).text("ab x cd ya", hits) == "ab [REDACTED:pattern] cd [REDACTED:a]a"
+    assert hits == {"pattern", "a"}
 
 
 def test_no_rule_means_nothing_is_searched() -> None:
