@@ -22,22 +22,25 @@ PRESETS: dict[str, str] = {
     ),
     "api_key": (
         r"(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
-        r"|Bearer\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token
+        r"|(?i:bearer)\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token, any case
         r"|AKIA[0-9A-Z]{16}"  # AWS access key id
         r"|AIza[0-9A-Za-z_-]{35}"  # Google API key
         r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"  # GitHub
         r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
         r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
         r"|hf_[A-Za-z0-9]{30,}"  # Hugging Face
-        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # a JWT
-        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----[A-Za-z0-9+/=\s:,-]{0,8000}?"  # PEM
+        # a JWT, never from inside a run of its characters (each "eyJ" of one would rescan it)
+        r"|eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+        # PEM: the body holds no "--", so it never reaches into the next header
+        r"|-----BEGIN[A-Z ]{0,20} PRIVATE KEY-----(?:[A-Za-z0-9+/=\s:,]|-(?!-)){0,8000}"
         r"-----END[A-Z ]{0,20} PRIVATE KEY-----)"
     ),
 }
 """Patterns of the presets. None starts with a lookbehind or an alternation (what comes before
 a match is the check's to judge): Python's engine searches a pattern that starts with one
 character class up to ten times faster. Digits are ASCII (`[0-9]` is faster than a digit
-category)."""
+category). Each is searched in linear time: an unbounded repetition ends the match (it cannot
+fail after it), and what could fail after a long run cannot start again inside it."""
 
 
 def luhn(digits: str) -> bool:
