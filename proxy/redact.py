@@ -6,12 +6,14 @@ over the record as it is made (`keep.py`, before any sink) and over what `export
 an exchange stored before a rule existed comes out clean too. The client's bytes are never
 touched: the record is redacted after the exchange ended.
 
-JSON is redacted string by string (keys too), after parsing, so an escape (`\\u0040`) cannot
-hide a match and the JSON stays valid; a string that is itself JSON (tool-call `arguments`)
-is parsed and walked the same way. Raw bodies are redacted as UTF-8 text, byte for byte
-elsewhere. What cannot be redacted faithfully is dropped: when any rule matched in the
-answer (or in a stream's raw bytes), the stream's raw bytes and the answer's logprobs are not
-kept, since a secret split across SSE events or tokens matches in neither.
+JSON is redacted string by string (keys too, each number as its text), after parsing, so an
+escape (`\\u0040`) cannot hide a match and the JSON stays valid; a string that is itself JSON
+(tool-call `arguments`) is parsed and walked the same way. A rule never matches across JSON
+structure (a key and its value): it sees one key, string or number at a time. Raw bodies
+are redacted as UTF-8 text, byte for byte elsewhere. What cannot be redacted faithfully is
+dropped: when any rule matched in the answer (or in a stream's raw bytes), the stream's raw
+bytes and the answer's logprobs are not kept, since a secret split across SSE events or
+tokens matches in neither.
 """
 
 from __future__ import annotations
@@ -199,7 +201,8 @@ class Redactor:
         return value
 
     def walk(self, root: dict[str, Any] | list[Any], hits: Hits) -> None:
-        """Redact every string in a JSON value in place, keys too; no recursion, so any depth.
+        """Redact every string in a JSON value in place, keys too, and every number as its
+        text (a changed one becomes a string); no recursion, so any depth.
 
         The value is searched whole first (`_candidates`): most hold no match, and then no
         string of it is searched on its own."""
@@ -223,6 +226,10 @@ class Redactor:
                         node[key] = new
                 elif isinstance(item, dict | list):
                     stack.append(item)
+                elif isinstance(item, int | float) and not isinstance(item, bool):
+                    text = str(item)  # a card or a phone number is often sent as one
+                    if (new := self.text(text, hits, rules)) is not text:
+                        node[key] = new
         for node, key, new in renamed:  # after the values: every one of them was searched
             node[new] = node.pop(key)
 

@@ -209,6 +209,19 @@ def test_a_json_string_holding_json_is_walked_too() -> None:
     assert orjson.loads(out) == {"to": "[REDACTED:email]", "n": 1} and hits == {"email"}
 
 
+def test_a_json_number_is_redacted_as_its_text() -> None:
+    arguments = orjson.dumps({"card": 4111111111111111, "n": 7}).decode()  # tool-call args
+    body = {"card": 4111111111111111, "f": 4111111111111111.0, "ok": True, "args": arguments}
+    ex = _keep(_exchange(request_json=body, request_body=orjson.dumps(body)), "card")
+    assert ex.request_json == {
+        "card": "[REDACTED:card]",
+        "f": "[REDACTED:card].0",
+        "ok": True,
+        "args": '{"card":"[REDACTED:card]","n":7}',
+    }
+    assert ex.request_body is not None and orjson.loads(ex.request_body) == ex.request_json
+
+
 def test_any_depth_is_walked_without_recursion() -> None:
     deep: Any = "sk-abcdefghijklmnopqrstuvwx01"
     for _ in range(5000):
@@ -383,6 +396,7 @@ PIECES = [
     "a",
     "7",
     " ",
+    "4111111111111111",
     "é",
 ]
 
@@ -391,6 +405,10 @@ def _naive(value: Any, hits: Hits) -> Any:
     """Every string searched by every rule on its own: what the whole-value search must equal."""
     if isinstance(value, str):
         return ALL.text(value, hits)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        text = str(value)
+        out = ALL.text(text, hits)
+        return value if out == text else out
     if isinstance(value, list):
         return [_naive(item, hits) for item in value]
     if isinstance(value, dict):
@@ -406,7 +424,13 @@ def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 values = st.recursive(
-    st.one_of(texts, st.integers(), st.floats(allow_nan=False), st.none()),
+    st.one_of(
+        texts,
+        st.integers(),
+        st.sampled_from([4111111111111111, 4111111111111111.0]),
+        st.floats(allow_nan=False),
+        st.none(),
+    ),
     _containers,
     max_leaves=12,
 )
