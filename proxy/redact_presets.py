@@ -12,9 +12,10 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 
+_BEARER = r"(?i:earer)\s+[A-Za-z0-9._~+/-]{16,}=*"
 PRESETS: dict[str, str] = {
     "email": r"[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}",
-    "card": r"[0-9]+(?:[ -][0-9]+)*",  # a run of digit groups: `card_spans` finds the cards
+    "card": r"[0-9](?:[ -]?[0-9]){12,}",  # digit groups, 13+ digits: `card_spans` judges
     "phone": (  # the first character taken by one class, then told apart by lookbehinds
         r"[+(0-9](?:(?<=\+)[0-9]{1,3}[ .-]?(?:\([0-9]{1,4}\)|[0-9]{1,4})(?:[ .-]?[0-9]{2,4}){1,4}"
         r"|(?<=\()[0-9]{3}\)[ .-]?[0-9]{3}[ .-]?[0-9]{4}"
@@ -22,7 +23,9 @@ PRESETS: dict[str, str] = {
     ),
     "api_key": (
         r"(?:sk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-), Anthropic
-        r"|(?i:bearer)\s+[A-Za-z0-9._~+/-]{16,}=*"  # any bearer token, any case
+        # any bearer token, any case; two branches, so that every branch starts with one
+        # letter (Python then skips where none does: twice as fast over prose)
+        rf"|B{_BEARER}|b{_BEARER}"
         r"|AKIA[0-9A-Z]{16}"  # AWS access key id
         r"|AIza[0-9A-Za-z_-]{35}"  # Google API key
         r"|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"  # GitHub
@@ -97,8 +100,7 @@ def card_spans(text: str) -> Iterator[tuple[int, int]]:
     fraction (`chatcmpl-AB0000000000000000` is an id), Luhn-valid. At each group the longest
     card is taken; the search goes on after it."""
     for run in _CARD_RUN.finditer(text):
-        if run.end() - run.start() >= 13:
-            yield from _cards_in(text, run.start(), run.end())
+        yield from _cards_in(text, run.start(), run.end())
 
 
 def _cards_in(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
