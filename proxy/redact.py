@@ -78,6 +78,11 @@ def _rule(where: str, entry: Any, error: Callable[[str], Exception]) -> RedactRu
         raise error(f"{where}.pattern: not a valid regular expression: {exc}") from None
     if empty is not None:
         raise error(f"{where}.pattern: matches the empty string, so it would match everywhere")
+    if _widths(pattern)[1] == 0:
+        raise error(
+            f"{where}.pattern: can only match an empty string (a lookaround, \\b), so it "
+            "would never redact anything"
+        )
     name = entry.get("name", preset or "pattern")
     if not isinstance(name, str) or not name:
         raise error(f"{where}.name: expected a non-empty string, got {name!r}")
@@ -87,14 +92,22 @@ def _rule(where: str, entry: Any, error: Callable[[str], Exception]) -> RedactRu
     return RedactRule(name, pattern, replace, preset)
 
 
-def shortest(pattern: str) -> int:
-    """The fewest characters a match of `pattern` can have (0 when that cannot be told):
-    shorter texts (most logprob tokens) need not be searched."""
+def _widths(pattern: str) -> tuple[int, int]:
+    """The fewest and the most characters a match of `pattern` can have, as far as CPython's
+    own parser tells ((0, 1) when it cannot: another Python)."""
     try:
         parser: Any = importlib.import_module("re._parser")  # CPython's own, 3.11+
-        return int(parser.parse(pattern).getwidth()[0])
-    except Exception:  # another Python: search everything
-        return 0
+        low, high = parser.parse(pattern).getwidth()
+        return int(low), int(high)
+    except Exception:  # another Python: search everything, refuse nothing
+        return 0, 1
+
+
+def shortest(pattern: str) -> int:
+    """The fewest characters a match of `pattern` can have (0 when that cannot be told):
+    shorter texts (most logprob tokens) need not be searched (bench_redact: -30 us for an
+    exchange that matched, whose every string is searched)."""
+    return _widths(pattern)[0]
 
 
 Spans = Callable[[str], Iterator[tuple[int, int]]]

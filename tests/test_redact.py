@@ -151,6 +151,8 @@ def test_rules_from_config_and_their_errors(tmp_path: Path) -> None:
         ('[[redact]]\npattern = "("', "redact[0].pattern: not a valid regular expression"),
         ('[[redact]]\npreset = "email"\n[[redact]]\npattern = "[a-"', "redact[1].pattern"),
         ('[[redact]]\npattern = "x*"', "redact[0].pattern: matches the empty string"),
+        ('[[redact]]\npattern = "\\\\b"', "redact[0].pattern: can only match an empty"),
+        ('[[redact]]\npattern = "(?=a)"', "redact[0].pattern: can only match an empty"),
         ('[[redact]]\npreset = "ssn"', "redact[0].preset: expected one of email, card, phone"),
         ('[[redact]]\nname = "x"', "redact[0]: give either preset or pattern"),
         ('[[redact]]\npreset = "email"\npattern = "x"', "redact[0]: give either"),
