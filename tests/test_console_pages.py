@@ -99,7 +99,7 @@ async def test_choices_tool_calls_and_refusals(aiohttp_client: Any, tmp_path: Pa
 async def test_a_redacted_exchange_says_by_which_rules(aiohttp_client: Any, tmp_path: Path) -> None:
     """Every shape of the `redacted` note renders: with what was not kept, rules only, and the
     note of a redaction that failed (no rules, `failed`)."""
-    notes = {
+    notes: dict[str, dict[str, Any]] = {
         "api_key, email · not kept: raw_stream, logprobs": {
             "rules": ["api_key", "email"],
             "dropped": ["raw_stream", "logprobs"],
