@@ -73,7 +73,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
-    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks], Keep(config))
+    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace)
     app[APP_LATER] = Later()
     app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)

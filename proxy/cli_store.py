@@ -312,13 +312,14 @@ def prune(
 
 async def _prune_one(pruner: Any, before: Any, bodies: bool, dry_run: bool) -> str:
     """Prune (or plan to) before `before`; one line saying what was (or would be) done."""
+    from .retention import exchanges
     from .store.prune import plan, prune
 
     what = "the bodies of " if bodies else ""
     at = before.isoformat(timespec="seconds")
     if not dry_run:
         done = await prune(pruner, before, bodies=bodies)
-        return f"pruned {what}{done.count} exchanges started before {at}"
+        return f"pruned {what}{exchanges(done.count)} started before {at}"
     would = await plan(pruner, before, bodies=bodies)
     oldest = "" if would.oldest is None else f" (the oldest from {str(would.oldest)[:19]})"
-    return f"would prune {what}{would.exchanges} exchanges started before {at}{oldest}"
+    return f"would prune {what}{exchanges(would.exchanges)} started before {at}{oldest}"

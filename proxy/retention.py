@@ -46,6 +46,11 @@ def cutoffs(config: Config, now: datetime) -> list[tuple[datetime, bool]]:
     return found
 
 
+def exchanges(count: int) -> str:
+    """`1 exchange`, `2 exchanges`: what the prune lines count."""
+    return f"{count} exchange" if count == 1 else f"{count} exchanges"
+
+
 async def apply(config: Config, stop: asyncio.Event | None = None) -> None:
     """One run of the retention `config` sets; raises what the database raises."""
     from .store import create_engine
@@ -58,9 +63,9 @@ async def apply(config: Config, stop: asyncio.Event | None = None) -> None:
                 began = time.monotonic()
                 done = await prune(pruner, before, bodies=bodies, stop=stop)
                 log.info(
-                    "retention: pruned %d %s started before %s in %.1fs (longest batch %.0f ms)",
-                    done.count,
-                    "bodies of exchanges" if bodies else "exchanges",
+                    "retention: pruned %s%s started before %s in %.1fs (longest batch %.0f ms)",
+                    "the bodies of " if bodies else "",
+                    exchanges(done.count),
                     before.isoformat(timespec="seconds"),
                     time.monotonic() - began,
                     done.longest * 1000,

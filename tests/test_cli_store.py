@@ -128,6 +128,26 @@ async def test_bad_flags_are_usage_errors_without_traceback(tmp_path: Path) -> N
         assert run.code == 2 and message in run.err and "Traceback" not in run.err
 
 
+async def test_a_time_out_of_range_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
+    """An age or date beyond what a datetime holds (OverflowError inside) is one line naming
+    the flag, for every command that takes a time."""
+    url = sqlite_url(tmp_path / "cli.db")
+    for args in (
+        ("logs", "--since"),
+        ("cost", "--since"),
+        ("cost", "--until"),
+        ("export", "--since"),
+        ("export", "--until"),
+        ("replay", "--since"),
+        ("prune", "--dry-run", "--before"),
+    ):
+        for when in ("99999999d", "0001-01-01T00:00+01:00"):
+            run = await cli(*args, when, db_url=url)
+            flag = args[-1]
+            assert run.code == 2 and f"Invalid value for '{flag}'" in run.err, (args, run.err)
+            assert "Traceback" not in run.err and "out of range" in run.err, (args, run.err)
+
+
 async def test_upgrade_and_show_on_postgres(pg_url: str) -> None:
     assert (await cli("db", "upgrade", db_url=pg_url)).code == 0
     ex = chat_exchange(stream=True)

@@ -97,15 +97,26 @@ async def test_choices_tool_calls_and_refusals(aiohttp_client: Any, tmp_path: Pa
 
 
 async def test_a_redacted_exchange_says_by_which_rules(aiohttp_client: Any, tmp_path: Path) -> None:
-    ex = chat_exchange()
-    ex.redacted = {"rules": ["api_key", "email"], "dropped": ["raw_stream", "logprobs"]}
+    """Every shape of the `redacted` note renders: with what was not kept, rules only, and the
+    note of a redaction that failed (no rules, `failed`)."""
+    notes: dict[str, dict[str, Any]] = {
+        "api_key, email · not kept: raw_stream, logprobs": {
+            "rules": ["api_key", "email"],
+            "dropped": ["raw_stream", "logprobs"],
+        },
+        'class="redacted">email</dd>': {"rules": ["email"]},
+        'class="redacted">(failed: no body kept)</dd>': {"rules": [], "failed": True},
+    }
+    exchanges = {shown: chat_exchange() for shown in notes}
+    for shown, ex in exchanges.items():
+        ex.redacted = notes[shown]
     plain = chat_exchange()
     url = sqlite_url(tmp_path / "redacted.db")
-    await write(url, [ex, plain])
+    await write(url, [*exchanges.values(), plain])
     client = await aiohttp_client(console_app(url))
-    page = await text(client, f"/exchanges/{ex.id}")
-    assert "<dt>Redacted</dt>" in page
-    assert "api_key, email · not kept: raw_stream, logprobs" in page
+    for shown, ex in exchanges.items():
+        page = await text(client, f"/exchanges/{ex.id}")
+        assert "<dt>Redacted</dt>" in page and shown in page, shown
     assert "<dt>Redacted</dt>" not in await text(client, f"/exchanges/{plain.id}")
 
 

@@ -370,6 +370,9 @@ def test_since_and_tag_parsing() -> None:
     assert parse_since("2025-01-01T00:00:00Z") == datetime(2025, 1, 1, tzinfo=UTC)
     with pytest.raises(ValueError, match="expected a duration"):
         parse_since("yesterday")
+    for beyond in ("99999999d", "999999999999999w", "0001-01-01T00:00+01:00"):
+        with pytest.raises(ValueError, match="out of range"):
+            parse_since(beyond)
     assert parse_tag("Team=a=b") == ("team", "a=b")
     with pytest.raises(ValueError, match="key=value"):
         parse_tag("team")

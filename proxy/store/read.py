@@ -61,16 +61,18 @@ async def reading(url: str) -> AsyncIterator[AsyncEngine]:
 def parse_since(text: str, now: datetime | None = None) -> datetime:
     """`15m`, `2h`, `7d`, `1w` ago, or an ISO-8601 date/time (local time when it has no zone)."""
     found = _RELATIVE.match(text.strip())
-    if found:
-        delta = timedelta(**{_UNITS[found[2]]: int(found[1])})
-        return (now or datetime.now(UTC)) - delta
     try:
+        if found:
+            delta = timedelta(**{_UNITS[found[2]]: int(found[1])})
+            return (now or datetime.now(UTC)) - delta
         when = datetime.fromisoformat(text.strip())
+        return when.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{text!r} is out of range (years 1 to 9999 only)") from None
     except ValueError:
         raise ValueError(
             f"expected a duration like 15m, 2h, 7d or an ISO date/time, got {text!r}"
         ) from None
-    return when.astimezone(UTC)
 
 
 def parse_tag(text: str) -> tuple[str, str]:
