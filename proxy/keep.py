@@ -41,14 +41,20 @@ class Keep:
             redact_exchange(self.redactor, ex)
         except Exception:  # a bug must cost the bodies, never leak them or lose the record
             log.exception("exchange %s: redaction failed; its bodies are not kept", ex.id)
-            ex.omit_request = ex.omit_response = True
-            ex.request_body = ex.request_json = None
-            ex.response_body = ex.response_json = ex.raw_stream_gz = ex.raw_pacing = None
-            ex.error, ex.query, ex.user, ex.parse_errors, ex.tags = None, "", None, [], {}
-            ex.path, ex.upstream_url = "[REDACTION FAILED]", ""  # a path can hold a secret
-            ex.model = ex.response_model = ex.system_fingerprint = None
-            ex.upstream_request_id = ex.content_type = None
-            ex.redacted = {"rules": [], "failed": True}
+            failed(ex)
+
+
+def failed(ex: Exchange) -> None:
+    """Clear what a rule could have matched, in place, when redaction did not finish: the
+    record keeps its timings, usage and cost, and a note saying so."""
+    ex.omit_request = ex.omit_response = True
+    ex.request_body = ex.request_json = None
+    ex.response_body = ex.response_json = ex.raw_stream_gz = ex.raw_pacing = None
+    ex.error, ex.query, ex.user, ex.parse_errors, ex.tags = None, "", None, [], {}
+    ex.path, ex.upstream_url = "[REDACTION FAILED]", ""  # a path can hold a secret
+    ex.model = ex.response_model = ex.system_fingerprint = None
+    ex.upstream_request_id = ex.content_type = None
+    ex.redacted = {"rules": [], "failed": True}
 
 
 def redact_exchange(redactor: Redactor, ex: Exchange) -> None:

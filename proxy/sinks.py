@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from . import keep
 from .exchange import Exchange
 from .keep import Keep
 from .recorder import Recorder
@@ -139,11 +140,7 @@ def bodiless(exchange: Exchange) -> Exchange:
     texts a rule could have matched, and a note saying so (the redaction may still be changing
     the exchange itself)."""
     ex = copy.copy(exchange)
-    ex.omit_request = ex.omit_response = True
-    ex.request_body = ex.request_json = None
-    ex.response_body = ex.response_json = ex.raw_stream_gz = ex.raw_pacing = None
-    ex.error, ex.query, ex.user, ex.parse_errors, ex.tags = None, "", None, [], {}
-    ex.redacted = {"rules": [], "failed": True}
+    keep.failed(ex)
     return ex
 
 
