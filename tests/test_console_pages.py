@@ -16,6 +16,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient
 
+from proxy.config import ConfigError
+from proxy.redact import parse_rules
+
 from .console_data import BIG, Seeded, console_app, seeded_client, write
 from .dbs import chat_exchange, sqlite_url
 
@@ -118,6 +121,26 @@ async def test_a_redacted_exchange_says_by_which_rules(aiohttp_client: Any, tmp_
         page = await text(client, f"/exchanges/{ex.id}")
         assert "<dt>Redacted</dt>" in page and shown in page, shown
     assert "<dt>Redacted</dt>" not in await text(client, f"/exchanges/{plain.id}")
+
+
+async def test_the_console_export_applies_the_configured_rules(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """A record stored before a rule existed comes out of the console's export redacted, as
+    out of `flightrec export`."""
+    address = "jane.doe@example.org"
+    ex = chat_exchange()
+    ex.request_json = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": address}]}
+    ex.request_body = orjson.dumps(ex.request_json)
+    url = sqlite_url(tmp_path / "old.db")
+    await write(url, [ex])
+    plain = await aiohttp_client(console_app(url))
+    assert address in await text(plain, "/export?format=jsonl")
+    rules = parse_rules([{"preset": "email"}], ConfigError)
+    client = await aiohttp_client(console_app(url, redact=rules))
+    for fmt in ("jsonl", "csv", "har"):
+        exported = await text(client, f"/export?format={fmt}")
+        assert address not in exported and "[REDACTED:email]" in exported, fmt
 
 
 async def test_fingerprints_page(site: tuple[Client, Seeded]) -> None:

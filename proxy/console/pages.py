@@ -17,6 +17,7 @@ from aiohttp import web
 
 from .. import export as export_mod
 from ..compare import compare, content_of
+from ..redact import Redactor
 from ..store import browse, detail, report, series
 from ..store.engine import StoreError
 from ..store.filters import Filters
@@ -193,8 +194,15 @@ async def export_view(request: web.Request) -> web.StreamResponse:
     )
     with tempfile.SpooledTemporaryFile(max_size=8 << 20) as buffer:
         config = state(request).config
+        # The configured rules, as `flightrec export` applies them: old records come out clean.
+        redactor = Redactor(config.redact) if config.redact else None
         await export_mod.export(
-            state(request).db(), buffer.write, fmt, filters, upstreams=config.upstreams
+            state(request).db(),
+            buffer.write,
+            fmt,
+            filters,
+            upstreams=config.upstreams,
+            redactor=redactor,
         )
         buffer.seek(0)
         await response.prepare(request)
