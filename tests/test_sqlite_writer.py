@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import sqlite3
 import stat
@@ -19,7 +20,7 @@ import pytest
 from proxy.store import sqlite_writer, upgrade
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
 from proxy.store.rows import records, rows_for, table_rows
-from proxy.store.sqlite_writer import SqliteWriter
+from proxy.store.sqlite_writer import SqliteWriter, sqlite_null
 from proxy.store.writer import writer_for
 from proxy.turns import Turns
 
@@ -75,6 +76,13 @@ async def test_an_existing_database_keeps_its_page_size_and_is_written(tmp_path:
     assert page_size_and_mode(path) == (4096, "wal")
     with contextlib.closing(sqlite3.connect(path)) as con:
         assert con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 1
+
+
+def test_sqlite_stores_the_fast_null_as_null() -> None:
+    # The writer binds NaN for None (cheaper in Python 3.11's sqlite3); if this SQLite stored it
+    # as anything but NULL the fast path would be off and None bound instead.
+    null = sqlite_null()
+    assert null is not None and math.isnan(null)
 
 
 async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) -> None:

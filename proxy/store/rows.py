@@ -12,7 +12,7 @@ answering model is priced, `price_entry`'s text); `flightrec cost --reprice` reu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -342,8 +342,13 @@ def _columns(table: sa.Table) -> tuple[list[str], itemgetter[Any]]:
 def records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
     """Rows as the drivers take them: tuples of the table's columns in declared order. A row
     missing a column raises KeyError here rather than shifting its values."""
-    get = _columns(table)[1]
+    get = record_getter(table)
     return [get(row) for row in rows]
+
+
+def record_getter(table: sa.Table) -> Callable[[Row], tuple[Any, ...]]:
+    """What `records` makes of one row, for a writer that flattens rows as it goes."""
+    return _columns(table)[1]
 
 
 def merged_fingerprints(seen: list[Row]) -> list[Row]:

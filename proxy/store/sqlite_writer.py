@@ -30,7 +30,6 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import cache
-from itertools import chain
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,7 +37,17 @@ import sqlalchemy as sa
 from ..turns import Turns
 from . import tables as t
 from .engine import create_private, describe, sqlite_pragmas
-from .rows import Row, Rows, columns, merged_fingerprints, not_stored, records, table_rows, unique
+from .rows import (
+    Row,
+    Rows,
+    columns,
+    merged_fingerprints,
+    not_stored,
+    record_getter,
+    records,
+    table_rows,
+    unique,
+)
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +278,39 @@ def _stored_ids(con: sqlite3.Connection, ids: list[str]) -> list[str]:
 def _insert(con: sqlite3.Connection, table: sa.Table, rows: list[Row]) -> None:
     """One multi-row INSERT, not executemany: sqlite3 gives up the GIL around every statement
     step, and a step per row made the writer and the relay trade the GIL row by row."""
-    values = list(chain.from_iterable(_sqlite_records(table, rows)))
-    con.execute(_insert_sql(table, len(rows)), values)
+    con.execute(_insert_sql(table, len(rows)), _insert_values(table, rows))
+
+
+def _insert_values(table: sa.Table, rows: list[Row]) -> list[Any]:
+    """`records` flattened for one INSERT, with what Python 3.11's sqlite3 binds slowly
+    replaced by what it binds fast and SQLite stores the same: None by `SQLITE_NULL`, times by
+    SQLAlchemy's SQLite DateTime text, booleans by 0 and 1. sqlite3 looks for an adapter for
+    any value that is not exactly str, int, float or bytes, and for None and bool that costs an
+    AttributeError raised and cleared (~220 ns a value; an exchange binds ~20 None:
+    docs/performance.md)."""
+    null = sqlite_null()
+    get = record_getter(table)
+    values = [null if v is None else v for row in rows for v in get(row)]
+    width = len(table.columns)
+    for i, to_sqlite in _converters(table):
+        for at in range(i, len(values), width):
+            if values[at] is not null:
+                values[at] = to_sqlite(values[at])
+    return values
+
+
+SQLITE_NULL = float("nan")
+"""Bound for NULL: SQLite stores a NaN bound as a REAL as NULL (sqlite3_bind_double);
+`sqlite_null` checks that the library here does."""
+
+
+@cache
+def sqlite_null() -> float | None:
+    """`SQLITE_NULL` if the SQLite library here stores it as NULL, else None (NULL everywhere,
+    only slower to bind)."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as con:
+        stored_null = con.execute("SELECT ? IS NULL", (SQLITE_NULL,)).fetchone()[0]
+    return SQLITE_NULL if stored_null else None
 
 
 @cache
