@@ -44,7 +44,6 @@ from .rows import (
     merged_fingerprints,
     not_stored,
     record_getter,
-    records,
     table_rows,
     unique,
 )
@@ -321,19 +320,9 @@ def _insert_sql(table: sa.Table, count: int) -> str:
 
 
 def _sqlite_records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
-    """`records` with times as SQLAlchemy's SQLite DateTime text and booleans as 0 and 1."""
-    convert = _converters(table)
-    found = records(table, rows)
-    if not convert:
-        return found
-    converted = []
-    for record in found:
-        values = list(record)
-        for i, to_sqlite in convert:
-            if values[i] is not None:
-                values[i] = to_sqlite(values[i])
-        converted.append(tuple(values))
-    return converted
+    """`_insert_values` as one tuple per row, for `executemany`."""
+    values, width = _insert_values(table, rows), len(table.columns)
+    return [tuple(values[at : at + width]) for at in range(0, len(values), width)]
 
 
 @cache
