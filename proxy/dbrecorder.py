@@ -1,9 +1,9 @@
 """The database recorder: every exchange journaled on arrival, one background writer.
 
 `record()` hands the exchange to the backlog (`store.backlog`), which journals it
-(`store.journal`) a millisecond later, before and independent of the database; so the relay
-never waits on the database, and a crash, a stalled database or an expired shutdown grace
-loses nothing journaled.
+(`store.journal`) at the end of the event loop's turn, before and independent of the
+database; so the relay never waits on the database, and a crash, a stalled database or an
+expired shutdown grace loses nothing journaled.
 
 One writer task works through the backlog in order. It takes up to `batch_size` records,
 waiting once for `batch_interval` while a batch fills, builds their rows (`store.rows`),

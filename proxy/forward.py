@@ -46,6 +46,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
     refused = isinstance(found, Refused)
     upstream, rest = (found.upstream, found.rest) if isinstance(found, Refused) else found
     record = Record(place, request.method, upstream, rest, began)
+    later = request.app[APP_LATER]
+    later.under_way += 1
     try:
         if refused:
             return refuse_path(record.exchange(), upstream)
@@ -64,8 +66,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         exchange.duration_ms = (time.perf_counter() - started) * 1000
         # Completed off the way of the client's next request (`Later`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
-        app = request.app
-        app[APP_LATER].add(conclude, exchange, request, tee, app[APP_SINKS])
+        later.under_way -= 1
+        later.add(conclude, exchange, request, tee, request.app[APP_SINKS])
 
 
 async def _exchange(

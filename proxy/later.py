@@ -8,6 +8,12 @@ batches: a batch starts with the first work added and runs `delay` seconds after
 additions wait less), by which time the proxy is waiting on the upstream
 (docs/performance.md: the hot path's tricks).
 
+A client alone with the proxy that sends its requests back to back has the next one on the wire
+before any delay is over, so the batch would land on that request's way to its first byte
+whenever it ran. Then the batch runs as soon as that next exchange's first piece has gone to
+the client (`first_piece_sent`): the client now waits for the rest of a response, not for a
+first byte. Under concurrency batches keep their timer: larger batches cost less.
+
 `flush()` runs everything still pending at once; the application calls it before the recorder
 closes, and from then on new work runs at once, so shutting down loses nothing.
 """
@@ -36,6 +42,9 @@ class Later:
         self._pending: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self.under_way = 0
+        """Exchanges between their request's arrival and the hand-over of their record
+        (`forward`)."""
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -48,6 +57,12 @@ class Later:
         self._pending.append((work, args))
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay, self._due)
+
+    def first_piece_sent(self) -> None:
+        """An exchange's first piece of answer has gone to the client: when it is the only
+        exchange under way, run what is pending now."""
+        if self.under_way == 1 and self._pending:
+            self.flush()
 
     def flush(self, *, close: bool = False) -> None:
         """Run everything pending now; with `close`, all later work runs at once too."""

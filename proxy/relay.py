@@ -16,7 +16,8 @@ from aiohttp import web
 from .config import Config
 from .endpoints import Endpoint
 from .headers import response_headers
-from .keys import APP_READ_LATER
+from .keys import APP_LATER, APP_READ_LATER
+from .later import Later
 from .record import Record
 from .tee import StreamTee
 
@@ -78,7 +79,7 @@ async def relay(
         later=request.app[APP_READ_LATER],
     )
     try:
-        await _pump(answer, tee, config.cancel_on_disconnect)
+        await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_LATER])
         await _end(request, response, record)
     except Exception as exc:  # the response has started: a second one cannot be sent
         exchange = record.exchange()
@@ -89,14 +90,20 @@ async def relay(
     return response
 
 
-async def _pump(answer: aiohttp.ClientResponse, tee: StreamTee, cancel_on_disconnect: bool) -> None:
+async def _pump(
+    answer: aiohttp.ClientResponse, tee: StreamTee, cancel_on_disconnect: bool, later: Later
+) -> None:
     """Copy the upstream body to the client through the tee as it arrives; the outcome says
     how the body ended when it did not end normally."""
     here = True
     whole = False
+    first = True
     try:
         async for piece in answer.content.iter_any():
             here = await tee.relay(piece)
+            if first:  # earlier exchanges' deferred work may go now (`Later`)
+                first = False
+                later.first_piece_sent()
             if not here and cancel_on_disconnect:
                 tee.exchange.error = "client disconnected; upstream request cancelled"
                 answer.close()

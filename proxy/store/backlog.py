@@ -1,10 +1,11 @@
 """The records waiting for the database writer, in the order the writer takes them.
 
-`add()` buffers a record; one write a millisecond later (`JOURNAL_DELAY`) appends the buffer
-to the journal, so the relay never waits on the disk or the database. Journaled records also
-stay in memory, up to `queue_size`, so the writer rarely reads the file back. Records the
-journal refuses (full, disk full, not writable) are kept in memory only and go first; what
-does not fit is lost, counted by `Losses`.
+`add()` buffers a record; one write at the end of the event loop's turn appends the buffer to
+the journal (records completed together, in one batch of `Later`, go in one write), so the
+relay never waits on the disk or the database. Journaled records also stay in memory, up to
+`queue_size`, so the writer rarely reads the file back. Records the journal refuses (full,
+disk full, not writable) are kept in memory only and go first; what does not fit is lost,
+counted by `Losses`.
 
 `next_batch()` hands the writer up to `batch_size` records and the journal position they end
 at: from memory while the copies are there, else read back from the file (after the memory
@@ -24,9 +25,6 @@ from .losses import Losses
 
 log = logging.getLogger(__name__)
 
-JOURNAL_DELAY = 0.001
-"""Seconds records wait to be journaled together in one write."""
-
 Batch = tuple[list[Exchange], Position | None]
 """Records to write and the journal position they end at (None: not journaled)."""
 
@@ -39,7 +37,7 @@ class Backlog:
         self.arrived = asyncio.Event()
         """Set when records were added; the writer clears it before it waits."""
         self._buffer: list[Exchange] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._flush_soon: asyncio.Handle | None = None
         self._fresh: deque[tuple[Position, Position, Exchange]] = deque()
         """Journaled records still in memory: (start, end, exchange), in journal order."""
         self._loose: deque[Exchange] = deque()
@@ -53,14 +51,14 @@ class Backlog:
 
     def add(self, exchange: Exchange) -> None:
         self._buffer.append(exchange)
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(JOURNAL_DELAY, self.flush)
+        if self._flush_soon is None:
+            self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         """Journal the buffered records in one write; keep them in memory for the writer."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._flush_soon is not None:
+            self._flush_soon.cancel()
+            self._flush_soon = None
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, []
