@@ -12,6 +12,7 @@ answering model is priced, `price_entry`'s text); `flightrec cost --reprice` reu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -335,7 +336,9 @@ def columns(table: sa.Table) -> list[str]:
 
 @cache
 def _columns(table: sa.Table) -> tuple[list[str], itemgetter[Any]]:
-    names = [column.name for column in table.columns]
+    # Plain interned strings: SQLAlchemy's names are a str subclass, which a dict keyed by
+    # the rows' literal names looks up by comparing text instead of by identity.
+    names = [sys.intern(str(column.name)) for column in table.columns]
     return names, itemgetter(*names)
 
 
