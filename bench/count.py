@@ -1,0 +1,135 @@
+"""Instructions a request, counted rather than timed: flightrec serve under valgrind.
+
+    python -m bench.count [--requests 1500] [--stream] [--base DIR]
+
+On a shared 2-core machine the bench's CPU figures move by 20-40 % from one round to the next,
+so an A/B of a few per cent needs many rounds and still reads noise. Instructions do not move
+with the machine: the same checkout counted twice here differed by under 1 %. This starts the
+mock upstream and `flightrec serve` (SQLite, in a scratch directory) under `valgrind
+--tool=callgrind` with counting off, sends `WARMUP` requests, counts the proxy process's
+instructions (every thread; no kernel time) over `--requests` more from one client, and
+prints them per request, for this checkout and, with `--base`, for another one, counted the
+same way one after the other. The proxy runs ~50x slower under valgrind: counts, not times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import procs
+from .__main__ import CHAT, set_stream_shape
+from .load import Connection, request_bytes
+
+HERE = Path(__file__).resolve().parent.parent
+WARMUP = 200
+SETTLE = 3.0
+"""Seconds after the last request before counting starts or stops: the record's deferred work
+and the writer's batch run under valgrind too."""
+_TOTALS = re.compile(rb"^totals: (\d+)", re.MULTILINE)
+
+
+def totals(callgrind_out: bytes) -> int:
+    """The instruction total of a callgrind output file: its `totals:` line, written at the end
+    (the `summary:` line near the top is written before anything was counted)."""
+    found = _TOTALS.findall(callgrind_out)
+    if not found:
+        raise ValueError("no totals line in the callgrind output")
+    return int(found[-1])
+
+
+async def _send(port: int, requests: int, stream: bool) -> None:
+    connection = await Connection.open(port)
+    raw = request_bytes(port, CHAT, stream)
+    try:
+        for _ in range(requests):
+            reply = await connection.send(raw, time.perf_counter_ns(), stream)
+            if reply.status != 200:
+                raise RuntimeError(f"the proxy answered {reply.status}")
+    finally:
+        connection.close()
+
+
+def _callgrind_control(flag: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", "-i", flag, str(pid)], check=True, capture_output=True)
+
+
+def count(code: Path, requests: int, stream: bool, work: Path) -> float:
+    """Instructions a request of `flightrec serve` running the checkout `code`."""
+    work.mkdir(parents=True, exist_ok=True)
+    port = procs.free_port()
+    upstream = procs.Target(
+        "upstream", "mock upstream", [sys.executable, "-m", "bench.upstream", "--port", str(port)]
+    )
+    upstream.port, upstream.cwd = port, str(HERE)
+    out = work / "callgrind.out"
+    proxy_port = procs.free_port()
+    serve = [sys.executable, "-m", "proxy", "serve", "--port", str(proxy_port)]
+    serve += ["--upstream", f"http://127.0.0.1:{port}/v1"]
+    serve += ["--db", f"sqlite+aiosqlite:///{work}/bench.db"]
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    proxy = procs.Target(
+        "flightrec-callgrind",
+        f"flightrec serve under callgrind, the code in {code}",
+        [*valgrind, f"--callgrind-out-file={out}", *serve],
+        proxy_port,
+        env={
+            "PYTHONPATH": str(code),
+            "FLIGHTREC_SPOOL_PATH": str(work / "flightrec.spool"),
+            "FLIGHTREC_CONSOLE_PORT": "0",
+        },
+        cwd=str(code),
+        ready_path="/healthz",
+        ready_timeout=600.0,
+    )
+    started: list[procs.Target] = []
+    try:
+        for target in (upstream, proxy):
+            procs.start(target, work)
+            started.append(target)
+            procs.wait_ready(target)
+        set_stream_shape(port, 8, 0)
+        assert proxy.process is not None
+        asyncio.run(_send(proxy_port, WARMUP, stream))
+        time.sleep(SETTLE)  # the warm-up's deferred work is not counted
+        _callgrind_control("on", proxy.process.pid)
+        asyncio.run(_send(proxy_port, requests, stream))
+        time.sleep(SETTLE)
+        _callgrind_control("off", proxy.process.pid)
+    finally:
+        for target in reversed(started):
+            procs.stop(target, grace=300.0)
+    return totals(out.read_bytes()) / requests
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1500, help="requests counted")
+    parser.add_argument("--stream", action="store_true", help="short streams, not plain")
+    parser.add_argument("--base", type=Path, help="another checkout, counted the same way")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    checkouts = {"this": HERE, **({"base": args.base.resolve()} if args.base else {})}
+    counted: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="flightrec-count-") as scratch:
+        for name, code in checkouts.items():
+            counted[name] = count(code, args.requests, args.stream, Path(scratch) / name)
+            print(f"{name:5} {code}: {counted[name]:,.0f} instructions a request", flush=True)
+    if "base" in counted:
+        print(f"this/base: {counted['this'] / counted['base']:.3f}")
+    print(json.dumps(counted))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
