@@ -16,7 +16,7 @@ import orjson
 from .endpoints import Endpoint
 from .exchange import Exchange
 from .sse import Event, SSEParser
-from .withhold import holds_usage
+from .withhold import holds_usage, is_usage_event
 
 READABLE = ("", "identity", "gzip", "x-gzip", "deflate")
 """Content-Encodings the record can decode."""
@@ -169,7 +169,7 @@ class BodyReader:
                 self._stream_error = chunk.get("error") or chunk
             if chunk.get("type") in ends:
                 self.ended = True
-            if self._withhold and chunk.get("choices") == [] and chunk.get("usage"):
+            if self._withhold and is_usage_event(chunk):
                 drops.append((event.start, event.end))
             if self.truncated:
                 self._events_past += 1

@@ -41,10 +41,12 @@ class SSEParser:
 
     __slots__ = ("_bom_done", "_data", "_event", "_id", "_start", "_tail", "_tail_cr", "offset")
 
-    def __init__(self) -> None:
+    def __init__(self, *, from_start: bool = True) -> None:
+        """`from_start`: the bytes fed begin the stream, so a byte order mark may open them;
+        otherwise they begin between two events of it."""
         self.offset = 0
         """Bytes fed so far."""
-        self._bom_done = False
+        self._bom_done = not from_start
         # The unterminated last line, kept as the pieces it arrived in so that a long line
         # fed in many small pieces is joined once, not once per piece.
         self._tail: list[bytes] = []

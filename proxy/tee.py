@@ -8,9 +8,9 @@ bytes go out, and when the record looks at them, is decided here:
   moment later (through `Later`): the kernel wakes the reader of a local socket on the writer's
   CPU, so work done straight after a write delays the client reading it.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
-  (`withhold.py`): the whole events of a piece ahead of one that may hold it go out at once;
-  from that event on the piece is read first, and only the bytes up to the start of the event
-  being received go out.
+  (`withhold.py`): the whole events of a piece go out at once, a usage event among them cut out
+  by parsing that event alone (the record reads them all a moment later, as above); an event
+  not all received yet is read first, and only the bytes before it go out.
 
 `finish()` fills the exchange once the response is over (`record.conclude`).
 """
@@ -30,7 +30,7 @@ from .exchange import Exchange
 from .later import Later
 from .rawcopy import RawCopy
 from .reader import BodyReader
-from .withhold import Withholder, whole_events_before_usage, without_null_usage
+from .withhold import Withholder, may_start_with_bom, whole_events, without_usage_events
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,14 @@ class StreamTee:
         if self._withholder is None:
             self._read_later(piece, await self._send(piece), None)
             return self._client_here
-        passing = self._passing(piece)
-        if passing:
-            head, piece = piece[:passing], piece[passing:]
-            out = without_null_usage(head)
+        ahead = self._whole_events(piece)
+        if ahead:
+            head, piece = piece[:ahead], piece[ahead:]
+            out = without_usage_events(head)
             self._read_later(head, await self._send(out), out)
         if piece:
-            # Read after the events ahead went out: a client waits for the end of a stream
-            # anyway, and the usage event comes last (docs/performance.md, back to back).
+            # An event not all here yet, which may be the usage event: read it now; only the
+            # bytes before it may go.
             out = self._read_now(piece)
             # Even b"": headers held for a first piece go out now.
             if await self._send(out):
@@ -168,15 +168,17 @@ class StreamTee:
 
     def passes(self, piece: bytes) -> bool:
         """Whether all of `piece` may go to the client before it is read although an event is
-        being withheld (`_passing`)."""
-        return len(piece) > 0 and self._passing(piece) == len(piece)
+        being withheld (`_whole_events`)."""
+        return len(piece) > 0 and self._whole_events(piece) == len(piece)
 
-    def _passing(self, piece: bytes) -> int:
+    def _whole_events(self, piece: bytes) -> int:
         """How many bytes at the start of `piece` may go to the client before they are read
-        although an event is being withheld: whole events, from between events, none carrying
-        usage. So only the usage event waits to be parsed, not the first byte of every stream
-        nor the events that came in the same piece ahead of it."""
-        return whole_events_before_usage(piece) if self._between_events() else 0
+        although an event is being withheld: whole events, from between events, a usage event
+        among them cut out by parsing that event alone. So neither the first byte of a stream
+        nor the end of one that came in a single piece waits for the events to be read."""
+        if may_start_with_bom(piece) or not self._between_events():
+            return 0
+        return whole_events(piece)
 
     async def _send(self, data: bytes) -> bool:
         """Write to the client; False once it has gone."""

@@ -10,6 +10,11 @@ to the client as it comes (`StreamTee`).
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import orjson
+
+from .sse import SSEParser
 
 _USAGE_VALUE = re.compile(rb'"usage"\s*:(?!\s*null)')
 """A usage key whose value is not null: the only kind of event the proxy ever withholds."""
@@ -22,15 +27,52 @@ def holds_usage(piece: bytes) -> bool:
     return _USAGE_VALUE.search(piece) is not None
 
 
-def whole_events_before_usage(piece: bytes) -> int:
+def is_usage_event(chunk: dict[str, Any]) -> bool:
+    """Whether a stream chunk (an event's data, parsed) is a usage event: no choices, a usage
+    object. The only kind the proxy withholds."""
+    return chunk.get("choices") == [] and bool(chunk.get("usage"))
+
+
+def whole_events(piece: bytes, end: int | None = None) -> int:
     """How many bytes at the start of `piece`, which starts between events, are whole events
-    ahead of the first usage key whose value is not null (all of it when it ends an event and
-    has none). A blank line ends an event whatever came before it."""
-    found = _USAGE_VALUE.search(piece)
-    end = len(piece) if found is None else found.start()
+    (up to `end`). A blank line ends an event whatever came before it."""
+    end = len(piece) if end is None else end
     lf = piece.rfind(b"\n\n", 0, end)
     crlf = piece.rfind(b"\n\r\n", 0, end)
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+
+
+def without_usage_events(events: bytes) -> bytes:
+    """Whole events, from between events, as the client gets them: without usage events and
+    `"usage":null` members. Only the events from the first with a usage key whose value is not
+    null on are parsed, with the stream's own parser, so the events ahead of it need not be.
+    `events` do not start as a byte order mark might (`may_start_with_bom`)."""
+    found = _USAGE_VALUE.search(events)
+    if found is not None:
+        start = whole_events(events, found.start())
+        kept = bytearray(events[:start])
+        at = start
+        for event in SSEParser(from_start=False).feed(events[start:]):
+            if holds_usage(event.data) and _is_usage_event_data(event.data):
+                kept += events[at : start + event.start]
+                at = start + event.end
+        if at > start:
+            events = bytes(kept + events[at:])
+    return without_null_usage(events)
+
+
+def may_start_with_bom(piece: bytes) -> bool:
+    """Whether `piece` starts with the first byte of a UTF-8 byte order mark; only the stream's
+    parser knows whether it is one (at the stream's start) or part of a field name."""
+    return piece.startswith(b"\xef")
+
+
+def _is_usage_event_data(data: bytes) -> bool:
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(chunk, dict) and is_usage_event(chunk)
 
 
 def without_null_usage(events: bytes) -> bytes:

@@ -21,7 +21,7 @@ from proxy.endpoints import endpoint
 from proxy.exchange import Exchange
 from proxy.later import Later
 from proxy.tee import StreamTee
-from proxy.withhold import whole_events_before_usage
+from proxy.withhold import whole_events, without_usage_events
 
 from .conftest import FakeUpstream, RunningProxy, captures
 from .streamgen import chunks_to_sse, completion_to_chunks, cut_bytes
@@ -381,10 +381,11 @@ def _chat_tee(later: Later | None, *, withhold: bool, client: Client | None = No
     [
         (b'data: {"choices":[{"index":0}],"usage":null}\n\n', True),
         (b'data: {"choices": [], "usage" : null }\r\n\r\n', True),
-        (b'data: {"choices":[],"usage":{"total_tokens":3}}\n\n', False),
-        (b'data: {"choices": [], "usage": {"total_tokens": 3}}\n\n', False),
+        (b'data: {"choices":[],"usage":{"total_tokens":3}}\n\n', True),
+        (b'data: {"choices": [], "usage": {"total_tokens": 3}}\n\n', True),
         (b'data: {"choices":[{"index":0}],"usage":null}\n', False),  # ends inside an event
-        (b'data: {"usage":null}\n\ndata: {"choices":[],"usage":{"total_tokens":3}}\n\n', False),
+        (b'data: {"usage":null}\n\ndata: {"choices":[],"usage":{"total_tokens":3}}\n\n', True),
+        (b'data: {"choices":[],"usage":{"total_tokens":3}}\n\ndata: {"a":', False),
         (b'data: {"usage":null}\n\ndata: {"usage": null}\n\n', True),
         (b"data: [DONE]\n\n", True),
     ],
@@ -449,7 +450,7 @@ async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at()
     await tee.relay(first)
     usage = chunks_to_sse([{**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}])
     half = usage[:20]
-    assert tee.passes(first) and not tee.passes(usage)
+    assert tee.passes(first) and tee.passes(usage) and not tee.passes(usage[:20])
     await tee.relay(half)
     assert client.received == first  # the usage event starts: held back
     assert tee.exchange.chunks == 1  # the waiting piece was read first
@@ -461,39 +462,82 @@ async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at()
     assert tee.exchange.response_json["choices"][0]["message"]["content"] == "Hi"
 
 
-async def test_events_ahead_of_the_usage_event_go_out_before_it_is_read() -> None:
-    """A short stream can come in one piece, usage event and all: the events ahead of it
-    are written first, as they would have come without the option, and only the usage event
-    waits to be read; what the client gets in all is the stream without it."""
+async def test_a_stream_in_one_piece_goes_out_in_one_write_before_it_is_read() -> None:
+    """A short stream can come in one piece, usage event and all: it goes out at once, in one
+    write, as it would have come without the option (the usage event cut out by parsing that
+    event alone), and the record reads it a moment later."""
     client = Writes()
     tee = _chat_tee(Later(delay=60), withhold=True, client=client)
     content = [_chunk("Hi"), _chunk(None, finish_reason="stop")]
     usage = {**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}
     with_null = [{**chunk, "usage": None} for chunk in content]
     await tee.relay(chunks_to_sse([*with_null, usage]))
-    ahead = chunks_to_sse(content, done=False)
-    assert client.writes == [ahead, b"data: [DONE]\n\n"]
+    assert client.writes == [chunks_to_sse(content)]
+    assert tee.exchange.chunks == 0  # not read yet
     await tee.end(whole=True)
     tee.finish()
     exchange = tee.exchange
-    assert (exchange.chunks, exchange.usage) == (4, {"total_tokens": 3})
-    assert exchange.response_bytes == len(client.received) == len(ahead) + 14
+    assert (exchange.chunks, exchange.usage, exchange.outcome) == (4, {"total_tokens": 3}, "ok")
+    assert exchange.response_bytes == len(client.received) == len(chunks_to_sse(content))
     assert exchange.response_json["choices"][0]["message"]["content"] == "Hi"
 
 
 @pytest.mark.parametrize(
     ("piece", "ahead"),
     [
-        (b'data: {"a":1}\n\ndata: {"choices":[],"usage":{"t":1}}\n\n', 15),
-        (b'data: {"a":1}\r\n\r\ndata: {"usage": {"t":1}}\r\n\r\n', 17),
-        (b'data: {"choices":[],"usage":{"t":1}}\n\n', 0),
+        (b'data: {"a":1}\n\ndata: {"choices":[],"usage":{"t":1}}\n\n', 53),
+        (b'data: {"a":1}\r\n\r\ndata: {"usage": {"t":1}}\r\n\r\n', 45),
         (b'data: {"a":1}\n\ndata: {"a":', 15),  # the last event is still coming
         (b'data: {"a":1,"usage":null}\n\n', 28),
         (b'data: {"a":1}', 0),
+        (b"data: a\r\rdata: b\n", 0),  # no blank line after a line feed: read first
     ],
 )
-def test_the_whole_events_ahead_of_a_usage_key(piece: bytes, ahead: int) -> None:
-    assert whole_events_before_usage(piece) == ahead
+def test_the_whole_events_of_a_piece(piece: bytes, ahead: int) -> None:
+    assert whole_events(piece) == ahead
+
+
+@pytest.mark.parametrize(
+    ("events", "out"),
+    [
+        (
+            b'data: {"a":1}\n\ndata: {"choices":[],"usage":{"t":1}}\n\ndata: [DONE]\n\n',
+            b'data: {"a":1}\n\ndata: [DONE]\n\n',
+        ),
+        # usage with choices (some servers report it on the last content chunk): it stays
+        (
+            b'data: {"choices":[{"index":0}],"usage":{"t":1}}\n\n',
+            b'data: {"choices":[{"index":0}],"usage":{"t":1}}\n\n',
+        ),
+        # spelled with spaces, CRLF lines, an event name and a comment inside the event
+        (
+            b': hi\r\nevent: x\r\ndata: {"choices": [],\r\n'
+            b': c\r\ndata: "usage" : {"t": 1}}\r\n\r\n',
+            b": hi\r\n",
+        ),
+        (
+            b'data: {"choices":[],"usage":{"t":1},}\n\n',
+            b'data: {"choices":[],"usage":{"t":1},}\n\n',
+        ),
+        (b'data: {"choices":[],"usage":null,"x":1}\n\n', b'data: {"choices":[],"x":1}\n\n'),
+        (b'data: "usage": 1\n\n', b'data: "usage": 1\n\n'),  # JSON, not an object
+    ],
+)
+def test_usage_events_cut_from_whole_events(events: bytes, out: bytes) -> None:
+    assert without_usage_events(events) == out
+
+
+async def test_a_piece_that_may_start_with_a_byte_order_mark_is_read_first() -> None:
+    """Only the stream's parser knows whether those bytes are a byte order mark (at the
+    stream's start) or part of a field name."""
+    client = Writes()
+    tee = _chat_tee(Later(delay=60), withhold=True, client=client)
+    usage = {**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}
+    piece = b"\xef\xbb\xbf" + chunks_to_sse([{**_chunk("Hi"), "usage": None}, usage])
+    assert not tee.passes(piece)
+    await tee.relay(piece)
+    assert tee.exchange.chunks == 3  # read before anything went out
+    assert client.received == b"\xef\xbb\xbf" + chunks_to_sse([_chunk("Hi")])
 
 
 async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
@@ -552,13 +596,17 @@ SPELLINGS: dict[str, Callable[[dict[str, Any]], bytes]] = {
 }
 
 
+def _pieces(max_piece: int | None) -> str:
+    return {None: "pieces-event", 0: "pieces-one"}.get(max_piece, f"pieces-{max_piece}")
+
+
 def _answer_by_option(
     upstream: FakeUpstream, spell: Any, max_piece: int | None, continuous: bool = False
 ) -> Any:
     """An upstream that streams as OpenAI does: asked for usage, it adds a usage event and a
     `"usage": null` to every other chunk (or, `continuous`, as vLLM's continuous usage
-    stats do, a usage object to every chunk); its pieces cut at random places, or one event
-    each (`max_piece` None)."""
+    stats do, a usage object to every chunk); its pieces cut at random places, one event each
+    (`max_piece` None) or all in one (0)."""
 
     async def answer(request: web.Request) -> web.StreamResponse:
         options = (await request.json()).get("stream_options") or {}
@@ -570,11 +618,12 @@ def _answer_by_option(
             for chunk in chunks[:-1]:
                 chunk["usage"] = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
         body = b"".join(b"data: " + spell(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-        pieces = (
-            [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
-            if max_piece is None
-            else cut_bytes(body, random.Random(max_piece), max_piece=max_piece)
-        )
+        if max_piece is None:
+            pieces = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+        elif max_piece == 0:  # all at once, as a short stream often comes
+            pieces = [body]
+        else:
+            pieces = cut_bytes(body, random.Random(max_piece), max_piece=max_piece)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for piece in pieces:
@@ -587,7 +636,7 @@ def _answer_by_option(
     return answer
 
 
-@pytest.mark.parametrize("max_piece", [1, 9, 40, None], ids=lambda m: f"pieces-{m or 'event'}")
+@pytest.mark.parametrize("max_piece", [1, 9, 40, 300, None, 0], ids=_pieces)
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
 async def test_a_client_that_did_not_ask_for_usage_gets_the_bytes_it_gets_direct(
     upstream: FakeUpstream, proxy: RunningProxy, spelling: str, max_piece: int | None
@@ -607,7 +656,7 @@ async def test_a_client_that_did_not_ask_for_usage_gets_the_bytes_it_gets_direct
     assert gzip.decompress(exchange.raw_stream_gz or b"") == received
 
 
-@pytest.mark.parametrize("max_piece", [7, None], ids=lambda m: f"pieces-{m or 'event'}")
+@pytest.mark.parametrize("max_piece", [7, None, 0], ids=_pieces)
 async def test_content_chunks_that_carry_usage_reach_the_client(
     upstream: FakeUpstream, proxy: RunningProxy, max_piece: int | None
 ) -> None:
