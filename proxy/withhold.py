@@ -18,8 +18,11 @@ from .sse import SSEParser
 
 _USAGE_VALUE = re.compile(rb'"usage"\s*:(?!\s*null)')
 """A usage key whose value is not null: the only kind of event the proxy ever withholds."""
-_NULL_USAGE = re.compile(rb',\s*"usage"\s*:\s*null\b|"usage"\s*:\s*null\s*,\s*')
-"""A `"usage": null` member however spaced, with the comma that separates it."""
+_NULL_USAGE = re.compile(
+    rb',[ \t]*"usage"[ \t]*:[ \t]*null\b|"usage"[ \t]*:[ \t]*null[ \t]*,[ \t]*'
+)
+"""A `"usage": null` member however spaced, with the comma that separates it; never across a
+line end (JSON split over data lines keeps its lines)."""
 
 
 def holds_usage(piece: bytes) -> bool:

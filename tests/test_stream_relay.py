@@ -21,7 +21,7 @@ from proxy.endpoints import endpoint
 from proxy.exchange import Exchange
 from proxy.later import Later
 from proxy.tee import StreamTee
-from proxy.withhold import whole_events, without_usage_events
+from proxy.withhold import whole_events, without_null_usage, without_usage_events
 
 from .conftest import FakeUpstream, RunningProxy, captures
 from .streamgen import chunks_to_sse, completion_to_chunks, cut_bytes
@@ -527,13 +527,28 @@ def test_usage_events_cut_from_whole_events(events: bytes, out: bytes) -> None:
     assert without_usage_events(events) == out
 
 
+@pytest.mark.parametrize(
+    ("events", "out"),
+    [
+        (b'data: {"a":1,"usage":null}\n\n', b'data: {"a":1}\n\n'),
+        (b'data: {"a":1,\t"usage" : null}\n\n', b'data: {"a":1}\n\n'),
+        (b'data: {"usage": null, "a":1}\r\n\r\n', b'data: {"a":1}\r\n\r\n'),
+        # JSON split over data lines keeps its lines: a member is never cut across a line end
+        (b'data: {"usage":null,\ndata: "a":1}\n\n', b'data: {\ndata: "a":1}\n\n'),
+        (b'data: {"usage":null,\r\ndata: "a":1}\r\n\r\n', b'data: {\r\ndata: "a":1}\r\n\r\n'),
+    ],
+)
+def test_null_usage_members_cut(events: bytes, out: bytes) -> None:
+    assert without_null_usage(events) == out
+
+
 async def test_a_piece_that_may_start_with_a_byte_order_mark_is_read_first() -> None:
     """Only the stream's parser knows whether those bytes are a byte order mark (at the
     stream's start) or part of a field name."""
     client = Writes()
     tee = _chat_tee(Later(delay=60), withhold=True, client=client)
     usage = {**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}
-    piece = b"\xef\xbb\xbf" + chunks_to_sse([{**_chunk("Hi"), "usage": None}, usage])
+    piece = b"\xef\xbb\xbf" + chunks_to_sse([usage, {**_chunk("Hi"), "usage": None}])
     assert not tee.passes(piece)
     await tee.relay(piece)
     assert tee.exchange.chunks == 3  # read before anything went out
