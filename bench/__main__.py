@@ -88,9 +88,9 @@ class Plan:
     ttfb_interval_ms: float = 1.0
     """TTFB streams are paced, as tokens are: the first event arrives alone."""
     gap_ms: float = 5.0
-    """`ttfb-gap`: a client's pause between one short stream's end and its next request
-    (`ttfb-b2b` sends the next at once: work a proxy defers past a response lands on the next
-    one)."""
+    """`ttfb-gap`: a client's pause after each short stream before its next request, the
+    targets' requests alternating (`ttfb-b2b` sends the next at once, to one target alone: work a
+    proxy defers past a response lands on the next one)."""
     maxrate_rounds: int = 2
     step_seconds: float = 2.0
     bisections: int = 3
@@ -336,15 +336,10 @@ def closed_measures(
     shapes: dict[str, dict[str, Any]] = {
         "latency": {"concurrency": 1, "stream": False, "warmup": 100},
         "ttfb": {"concurrency": 1, "stream": True, "warmup": 50},
-        # Each target alone, one client sending streams back to back, or with a pause between.
+        # One client sending streams back to back, each target alone; or with a pause before
+        # each request, the targets' requests alternating (steadier than a target alone).
         "ttfb-b2b": {"concurrency": 1, "stream": True, "warmup": 50, "solo": True},
-        "ttfb-gap": {
-            "concurrency": 1,
-            "stream": True,
-            "warmup": 50,
-            "solo": True,
-            "gap_ms": plan.gap_ms,
-        },
+        "ttfb-gap": {"concurrency": 1, "stream": True, "warmup": 50, "gap_ms": plan.gap_ms},
         "cpu": {"concurrency": 8, "stream": False, "warmup": 200},
         "cpu-large": {
             "concurrency": 8,

@@ -277,6 +277,7 @@ async def paired_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     stream = bool(cmd.get("stream"))
     raws = [request_bytes(port, cmd["path"], stream) for port in ports]
     rng = random.Random(cmd.get("seed", 0))
+    gap = float(cmd.get("gap_ms", 0)) / 1000
     conns: list[Connection | None] = [None] * len(ports)  # opened by the first request
 
     async def cycles(total: int, seconds: float, tallies: list[Tally] | None) -> None:
@@ -289,6 +290,8 @@ async def paired_loop(cmd: dict[str, Any]) -> dict[str, Any]:
             for i in order:
                 tally = None if tallies is None else tallies[i]
                 await _one(conns, i, ports[i], raws[i], stream, tally)
+                if gap:
+                    await asyncio.sleep(gap)
 
     try:
         await cycles(int(cmd.get("warmup", 0)), float(cmd["seconds"]), None)

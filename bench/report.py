@@ -296,10 +296,10 @@ def markdown(results: dict[str, Any]) -> str:
     if any("b2b_ttfb_p50_ms" in s or "gap_ttfb_p50_ms" in s for s in summary.values()):
         lines += [
             "",
-            f"First byte of a short stream ({plan['ttfb_chunks']} chunks at once), one client, "
-            "each target alone: streams sent back to back, "
-            f"and {plan.get('gap_ms', 5):g} ms apart. Over the relay: median over rounds of the "
-            "difference to the relay's p50 in the same round.",
+            f"First byte of a short stream ({plan['ttfb_chunks']} chunks at once), one client: "
+            "streams sent back to back to each target alone, and "
+            f"{plan.get('gap_ms', 5):g} ms apart, the targets' requests alternating. Over the "
+            "relay: median over rounds of the difference to the relay's p50 in the same round.",
             "",
             "| target | back to back p50 ms | over relay ms | apart p50 ms | over relay ms |",
             "|---|---|---|---|---|",
