@@ -153,12 +153,17 @@ def set_stream_shape(upstream_port: int, chunks: int, interval_ms: float) -> Non
 # -- targets -------------------------------------------------------------------------------
 
 
-def _flightrec(name: str, about: str, upstream: str, home: Path, db_url: str) -> Target:
+def flightrec_target(
+    name: str, about: str, upstream: str, home: Path, db_url: str, code: Path | None = None
+) -> Target:
+    """`flightrec serve` running the checkout `code` (default: this one, or `BASE` for a
+    `base-` target), recording to `db_url`, its journal in `home`."""
     home.mkdir(parents=True, exist_ok=True)
     port = procs.free_port()
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port)]
     argv += ["--upstream", upstream, "--db", db_url]
-    code = BASE if name.startswith("base-") and BASE is not None else HERE.parent
+    if code is None:
+        code = BASE if name.startswith("base-") and BASE is not None else HERE.parent
     env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(code)}
     env["FLIGHTREC_CONSOLE_PORT"] = "0"  # the bench measures the proxy; targets run side by side
     return Target(name, about, argv, port, env, str(home), ready_path="/healthz")
@@ -197,7 +202,7 @@ def _postgres(upstream: str, home: Path, pg: str, target_name: str) -> Target:
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         return Target(target_name, about, skipped=f"no PostgreSQL at {pg}: {exc}")
     url = f"postgresql+asyncpg://postgres@{pg}/{name}"
-    target = _flightrec(target_name, about, upstream, home, url)
+    target = flightrec_target(target_name, about, upstream, home, url)
 
     def count() -> dict[str, int]:
         total, ok, streams = _psql(pg, name, COUNT_SQL).split("|")
@@ -239,7 +244,7 @@ def build_targets(
             about = "flightrec serve, recording to SQLite (WAL)"
             if name.startswith("base-"):
                 about += f", the code in {BASE}"
-            target = _flightrec(name, about, upstream, home, f"sqlite+aiosqlite:///{db}")
+            target = flightrec_target(name, about, upstream, home, f"sqlite+aiosqlite:///{db}")
             target.record_counter = _sqlite_counter(db)
         elif name in ("flightrec-postgres", "base-postgres"):
             target = _postgres(upstream, home, pg, name)
@@ -577,10 +582,7 @@ def run(
     plan: Plan, names: list[str], measures: list[str], work: Path, pg: str, install: bool = True
 ) -> dict[str, Any]:
     """Start the upstream and the targets, run the measures, stop everything; the results."""
-    upstream = Target("upstream", "mock upstream", [sys.executable, "-m", "bench.upstream"])
-    upstream.port = procs.free_port()
-    upstream.argv += ["--port", str(upstream.port)]
-    upstream.cwd = str(HERE.parent)
+    upstream = procs.mock_upstream()
     results: dict[str, Any] = {
         "machine": report.machine(pg),
         "plan": asdict(plan),

@@ -211,9 +211,7 @@ def phase(
 
 def run_engine(name: str, url: str, work: Path, quiet_seconds: float) -> dict[str, Any]:
     before = asyncio.run(reports(url))
-    upstream = procs.Target("upstream", "mock upstream", [sys.executable, "-m", "bench.upstream"])
-    upstream.port = procs.free_port()
-    upstream.argv += ["--port", str(upstream.port)]
+    upstream = procs.mock_upstream()
     procs.start(upstream, work)
     load = LoadWorker()
     try:

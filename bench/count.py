@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from . import procs
-from .__main__ import CHAT, set_stream_shape
+from .__main__ import CHAT, flightrec_target, set_stream_shape
 from .load import Connection, request_bytes
 
 HERE = Path(__file__).resolve().parent.parent
@@ -64,44 +64,31 @@ def _callgrind_control(flag: str, pid: int) -> None:
 
 def count(code: Path, requests: int, stream: bool, work: Path) -> float:
     """Instructions a request of `flightrec serve` running the checkout `code`."""
-    work.mkdir(parents=True, exist_ok=True)
-    port = procs.free_port()
-    upstream = procs.Target(
-        "upstream", "mock upstream", [sys.executable, "-m", "bench.upstream", "--port", str(port)]
-    )
-    upstream.port, upstream.cwd = port, str(HERE)
+    upstream = procs.mock_upstream()
     out = work / "callgrind.out"
-    proxy_port = procs.free_port()
-    serve = [sys.executable, "-m", "proxy", "serve", "--port", str(proxy_port)]
-    serve += ["--upstream", f"http://127.0.0.1:{port}/v1"]
-    serve += ["--db", f"sqlite+aiosqlite:///{work}/bench.db"]
-    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
-    proxy = procs.Target(
+    proxy = flightrec_target(
         "flightrec-callgrind",
         f"flightrec serve under callgrind, the code in {code}",
-        [*valgrind, f"--callgrind-out-file={out}", *serve],
-        proxy_port,
-        env={
-            "PYTHONPATH": str(code),
-            "FLIGHTREC_SPOOL_PATH": str(work / "flightrec.spool"),
-            "FLIGHTREC_CONSOLE_PORT": "0",
-        },
-        cwd=str(code),
-        ready_path="/healthz",
-        ready_timeout=600.0,
+        f"http://127.0.0.1:{upstream.port}/v1",
+        work,
+        f"sqlite+aiosqlite:///{work}/bench.db",
+        code,
     )
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    proxy.argv = [*valgrind, f"--callgrind-out-file={out}", *proxy.argv]
+    proxy.ready_timeout = 600.0
     started: list[procs.Target] = []
     try:
         for target in (upstream, proxy):
             procs.start(target, work)
             started.append(target)
             procs.wait_ready(target)
-        set_stream_shape(port, 8, 0)
+        set_stream_shape(upstream.port, 8, 0)
         assert proxy.process is not None
-        asyncio.run(_send(proxy_port, WARMUP, stream))
+        asyncio.run(_send(proxy.port, WARMUP, stream))
         time.sleep(SETTLE)  # the warm-up's deferred work is not counted
         _callgrind_control("on", proxy.process.pid)
-        asyncio.run(_send(proxy_port, requests, stream))
+        asyncio.run(_send(proxy.port, requests, stream))
         time.sleep(SETTLE)
         _callgrind_control("off", proxy.process.pid)
     finally:

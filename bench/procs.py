@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository: where `python -m bench.upstream` runs."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -117,6 +119,13 @@ class Target:
     @property
     def pids(self) -> list[int]:
         return [self.process.pid] if self.process is not None else []
+
+
+def mock_upstream() -> Target:
+    """The bench's mock OpenAI upstream (`bench.upstream`) on a free port."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.upstream", "--port", str(port)]
+    return Target("upstream", "mock upstream", argv, port, cwd=str(ROOT))
 
 
 def start(target: Target, log_dir: Path) -> None:
