@@ -41,7 +41,7 @@ def whole_events(piece: bytes, end: int | None = None) -> int:
     (up to `end`). A blank line ends an event whatever came before it."""
     end = len(piece) if end is None else end
     lf = piece.rfind(b"\n\n", 0, end)
-    crlf = piece.rfind(b"\n\r\n", 0, end)
+    crlf = piece.rfind(b"\n\r\n", max(lf, 0), end)  # one before `lf` would end earlier
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 

@@ -491,6 +491,8 @@ async def test_a_stream_in_one_piece_goes_out_in_one_write_before_it_is_read() -
         (b'data: {"a":1,"usage":null}\n\n', 28),
         (b'data: {"a":1}', 0),
         (b"data: a\r\rdata: b\n", 0),  # no blank line after a line feed: read first
+        (b"data: a\n\ndata: b\r\n\r\ndata: c", 20),  # line ends mixed: the last blank line
+        (b"data: a\r\n\r\ndata: b\n\ndata: c", 20),
     ],
 )
 def test_the_whole_events_of_a_piece(piece: bytes, ahead: int) -> None:
