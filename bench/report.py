@@ -178,6 +178,13 @@ def checks(results: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
 
         return judge
 
+    def over_relay(key: str) -> Any:
+        def judge(s: dict[str, Any]) -> str:
+            over = s.get(key)
+            return "n/a" if over is None else verdict(over <= 0.1, f"{over * 1000:+.0f} µs")
+
+        return judge
+
     def streams_clean(s: dict[str, Any]) -> str:
         if "streams" not in s:
             return "n/a"
@@ -204,6 +211,10 @@ def checks(results: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
     row("(ours) CPU per 50 KB request <= 2x the bare relay's (c=8)", at_most_2x("cpu_large_us"))
     row("added latency p50 within 0.1 ms of the relay's (c=1)", within("added_p50_ms"))
     row("added TTFB p50 within 0.1 ms of the relay's (streams)", within("added_ttfb_p50_ms"))
+    row(
+        "first byte p50 within 0.1 ms of the relay's, back to back", over_relay("b2b_over_relay_ms")
+    )
+    row("first byte p50 within 0.1 ms of the relay's, 5 ms apart", over_relay("gap_over_relay_ms"))
     row("concurrent streams: zero errors", streams_clean)
     row("concurrent streams: every one recorded", streams_recorded)
     row("RSS growth <= 64 KiB per open stream", rss)
