@@ -260,7 +260,7 @@ class MetricsSink:
 
     def _series(self, ex: Exchange) -> _Series:
         """The labelled series one exchange counts in, made once per label set: `labels()`
-        checks its arguments on every call, which cost more than the counting (bench/)."""
+        checks its arguments on every call, which cost more than the counting."""
         model = ex.model
         stream = "true" if ex.stream else "false"
         key = (ex.upstream, model, ex.outcome, ex.status, stream, ex.user, ex.key_hash)
@@ -311,7 +311,7 @@ class _Series:
 
     Counts are held in plain numbers and added to the counters by `flush` (every `REFRESH`
     seconds and before a scrape): a counter's `inc` takes a lock, and an exchange counts in
-    eight of them (bench/)."""
+    eight of them (docs/performance.md, *Metrics and traces*)."""
 
     __slots__ = (
         "cached_input",

@@ -105,8 +105,8 @@ def _widths(pattern: str) -> tuple[int, int]:
 
 def shortest(pattern: str) -> int:
     """The fewest characters a match of `pattern` can have (0 when that cannot be told):
-    shorter texts (most logprob tokens) need not be searched (bench_redact: -30 us for an
-    exchange that matched, whose every string is searched)."""
+    shorter texts (most logprob tokens) need not be searched (docs/performance.md,
+    *Redaction*)."""
     return _widths(pattern)[0]
 
 

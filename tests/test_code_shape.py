@@ -1,6 +1,8 @@
-"""Every module in proxy/ stays readable: at most 400 lines, no function over 60."""
+"""Every module in proxy/ stays readable: at most 400 lines, no function over 60, and no
+measurements (they go stale: docs/performance.md keeps them, the code keeps the reason)."""
 
 import ast
+import re
 from pathlib import Path
 
 PROXY = Path(__file__).resolve().parent.parent / "proxy"
@@ -35,3 +37,16 @@ def test_no_function_over_60_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     offenders.append(f"{_name(path)}:{node.lineno} {node.name}: {lines} lines")
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(offenders)
+
+
+MEASUREMENT = re.compile(r"\d\s?(µs|us|ns)\b|\bbench(/|_[a-z]+|\.[a-z])")
+"""A time in micro- or nanoseconds, or a pointer into bench/: a figure, or where one came from."""
+
+
+def test_no_measurements_in_the_code() -> None:
+    offenders = []
+    for path in _modules():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if MEASUREMENT.search(line):
+                offenders.append(f"{_name(path)}:{number}: {line.strip()}")
+    assert not offenders, "figures belong in docs/performance.md:\n" + "\n".join(offenders)

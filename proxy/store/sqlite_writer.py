@@ -285,8 +285,7 @@ def _insert_values(table: sa.Table, rows: list[Row]) -> list[Any]:
     replaced by what it binds fast and SQLite stores the same: None by `SQLITE_NULL`, times by
     SQLAlchemy's SQLite DateTime text, booleans by 0 and 1. sqlite3 looks for an adapter for
     any value that is not exactly str, int, float or bytes, and for None and bool that costs an
-    AttributeError raised and cleared (~220 ns a value; an exchange binds ~20 None:
-    docs/performance.md)."""
+    AttributeError raised and cleared (docs/performance.md, *How records get there*)."""
     null = sqlite_null()
     get = record_getter(table)
     values = [null if v is None else v for row in rows for v in get(row)]
