@@ -166,18 +166,24 @@ def test_added_figures_are_taken_against_the_direct_run_beside_them() -> None:
 
 def test_the_first_byte_targets_judge_each_pattern_against_its_relay() -> None:
     key = "ttfb_p50_ms"
-    rounds = [(0.30, 0.36, 0.70, 0.95), (0.32, 0.42, 0.75, 0.84)]  # b2b relay/ours, gap relay/ours
+    # Per round: back to back relay/ours, 5 ms apart relay/ours. The median of the per-round
+    # differences is not the difference of the medians (+90 and +230 µs here).
+    rounds = [(0.30, 0.38, 0.70, 0.95), (0.50, 0.56, 0.90, 1.05), (0.31, 0.40, 0.72, 0.84)]
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {"ttfb-b2b": {}, "ttfb-gap": {}}
     for i, (b2b_relay, b2b, gap_relay, gap) in enumerate(rounds):
         for measure, relay, ours in (("ttfb-b2b", b2b_relay, b2b), ("ttfb-gap", gap_relay, gap)):
             raw[measure].setdefault("relay", []).append({"round": i, "ok": 9, key: relay})
             raw[measure].setdefault("flightrec-sqlite", []).append({"round": i, "ok": 9, key: ours})
-    results = {"raw": raw, "summary": report.summarize(raw, ["relay", "flightrec-sqlite"])}
+    raw["ttfb-b2b"]["flightrec-postgres"] = [{"round": 0, "ok": 9, key: 0.33}]  # not run apart
+    names = ["relay", "flightrec-sqlite", "flightrec-postgres"]
+    results = {"raw": raw, "summary": report.summarize(raw, names)}
     verdicts = dict(report.checks(results))
     back_to_back = verdicts["first byte p50 within 0.1 ms of the relay's, back to back"]
     apart = verdicts["first byte p50 within 0.1 ms of the relay's, 5 ms apart"]
-    assert back_to_back["flightrec-sqlite"] == "PASS (+80 µs)"  # median of +0.06 and +0.10
-    assert apart["flightrec-sqlite"] == "FAIL (+170 µs)"  # median of +0.25 and +0.09
+    assert back_to_back["flightrec-sqlite"] == "PASS (+80 µs)"  # of +80, +60, +90
+    assert apart["flightrec-sqlite"] == "FAIL (+150 µs)"  # of +250, +150, +120
+    assert back_to_back["flightrec-postgres"] == "PASS (+30 µs)"
+    assert apart["flightrec-postgres"] == "n/a"
 
 
 async def test_a_target_that_refuses_costs_only_its_own_requests() -> None:
