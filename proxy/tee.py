@@ -6,7 +6,8 @@ bytes go out, and when the record looks at them, is decided here:
 
 - Normally a piece goes to the client as it came, and `BodyReader` (`reader.py`) reads it a
   moment later (through `Later`): the kernel wakes the reader of a local socket on the writer's
-  CPU, so work done straight after a write delays the client reading it.
+  CPU, so work done straight after a write delays the client reading it. Once the body has
+  ended, what still waits is read by `finish`, with the rest of the record's work.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
   (`withhold.py`): the whole events of a piece go out at once, a usage event among them cut out
   by parsing that event alone (the record reads them all a moment later, as above); an event
@@ -218,8 +219,14 @@ class StreamTee:
             self._read(piece, now, delivered, written)
             return
         if not self._waiting:
-            self._later.add(self._catch_up)
+            self._later.add(self._catch_up_later)
         self._waiting.append((piece, now, delivered, written))
+
+    def _catch_up_later(self) -> None:
+        """Read the pieces waiting, unless the body has ended: `finish` reads them then, with
+        the rest of the record's work, rather than at a moment of their own."""
+        if not self._end_waits:
+            self._catch_up()
 
     def _read_now(self, piece: bytes) -> bytes:
         """Read the next piece now; returns the bytes the client may have."""

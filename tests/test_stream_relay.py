@@ -442,6 +442,27 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
     assert (exchange.outcome, exchange.parse_errors) == ("client_disconnected", [])
 
 
+@pytest.mark.parametrize("withhold", [False, True])
+async def test_a_body_that_has_ended_is_read_by_finish_not_at_a_moment_of_its_own(
+    withhold: bool,
+) -> None:
+    """Once the body has ended, the record's other work (`finish`, run by `Later` with it)
+    reads what waits: a read of its own, 0.5 ms after the last write, lands on a lone client's
+    next request."""
+    reads = Later(delay=60)
+    tee = _chat_tee(reads, withhold=withhold)
+    stream = chunks_to_sse([_chunk("Hi"), _chunk(None, finish_reason="stop")])
+    assert await tee.relay(stream)
+    await tee.end(whole=True)
+    reads.flush()  # the read's moment comes after the end: nothing is read then
+    exchange = tee.exchange
+    assert (exchange.chunks, exchange.response_json) == (0, None)
+    tee.finish()
+    assert exchange.chunks == 3 and exchange.outcome == "ok"
+    assert exchange.response_json["choices"][0]["message"]["content"] == "Hi"
+    assert exchange.response_bytes == len(stream)
+
+
 async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at() -> None:
     client = Client()
     tee = _chat_tee(Later(delay=60), withhold=True, client=client)
