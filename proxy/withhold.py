@@ -23,6 +23,8 @@ _NULL_USAGE = re.compile(
 )
 """A `"usage": null` member however spaced, with the comma that separates it; never across a
 line end (JSON split over data lines keeps its lines)."""
+_NULL_MEMBER = b',"usage":null'
+"""The `"usage":null` member as OpenAI spells it, in every chunk but the usage event."""
 
 
 def holds_usage(piece: bytes) -> bool:
@@ -47,21 +49,52 @@ def whole_events(piece: bytes, end: int | None = None) -> int:
 
 def without_usage_events(events: bytes) -> bytes:
     """Whole events, from between events, as the client gets them: without usage events and
-    `"usage":null` members. Only the events from the first with a usage key whose value is not
-    null on are parsed, with the stream's own parser, so the events ahead of it need not be.
-    `events` do not start as a byte order mark might (`may_start_with_bom`)."""
-    found = _USAGE_VALUE.search(events)
-    if found is not None:
+    `"usage":null` members. OpenAI's `"usage":null` members go first, so the usage keys left
+    are few (nearly always the usage event's own) and the search for them starts at the first;
+    only the events holding one are parsed, each alone. `events` do not start as a byte order
+    mark might (`may_start_with_bom`)."""
+    events = events.replace(_NULL_MEMBER, b"")
+    first = events.find(b'"usage"')
+    if first < 0:
+        return events
+    kept: list[bytes] = []
+    at = 0
+    found = _USAGE_VALUE.search(events, first)
+    while found is not None:
         start = whole_events(events, found.start())
-        kept = bytearray(events[:start])
-        at = start
-        for event in SSEParser(from_start=False).feed(events[start:]):
-            if holds_usage(event.data) and _is_usage_event_data(event.data):
-                kept += events[at : start + event.start]
-                at = start + event.end
-        if at > start:
-            events = bytes(kept + events[at:])
-    return without_null_usage(events)
+        end = _blank_line_after(events, found.end())
+        for cut_start, cut_end in _usage_events(events, start, end):
+            kept.append(events[at:cut_start])
+            at = cut_end
+        found = _USAGE_VALUE.search(events, end)
+    if at:
+        kept.append(events[at:])
+        events = b"".join(kept)
+    return _without_other_null_usage(events)
+
+
+def _blank_line_after(events: bytes, inside: int) -> int:
+    """Where the first LF or CRLF blank line after `inside` ends (the end of `events` if
+    none does)."""
+    lf = events.find(b"\n\n", inside)
+    crlf = events.find(b"\n\r\n", inside, lf if lf >= 0 else len(events))
+    if crlf >= 0:
+        return crlf + 3
+    return lf + 2 if lf >= 0 else len(events)
+
+
+def _usage_events(events: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    """Where the usage events among the whole events `events[start:end]` are. Nearly always
+    that is one event of one `data:` line, read without the parser."""
+    lines = events[start:end]
+    if lines.startswith(b"data:") and lines.find(b"\n") == len(lines) - 2 and b"\r" not in lines:
+        data = lines[6:-2] if lines[5:6] == b" " else lines[5:-2]
+        return [(start, end)] if _is_usage_event_data(data) else []
+    return [
+        (start + event.start, start + event.end)
+        for event in SSEParser(from_start=False).feed(lines)
+        if holds_usage(event.data) and _is_usage_event_data(event.data)
+    ]
 
 
 def may_start_with_bom(piece: bytes) -> bool:
@@ -83,7 +116,11 @@ def without_null_usage(events: bytes) -> bytes:
     usage adds one to every chunk (OpenAI does); a client that did not ask gets the chunks
     as they would have come without the option. A JSON string cannot hold `"usage"` with
     unescaped quotes, so every match is a key."""
-    events = events.replace(b',"usage":null', b"")
+    return _without_other_null_usage(events.replace(_NULL_MEMBER, b""))
+
+
+def _without_other_null_usage(events: bytes) -> bytes:
+    """`without_null_usage` once OpenAI's spelling (`_NULL_MEMBER`) is gone."""
     if b'"usage"' in events:  # another spelling (or a usage object, which stays)
         events = _NULL_USAGE.sub(b"", events)
     return events

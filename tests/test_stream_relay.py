@@ -544,6 +544,29 @@ def test_the_whole_events_of_a_piece(piece: bytes, ahead: int) -> None:
         ),
         (b'data: {"choices":[],"usage":null,"x":1}\n\n', b'data: {"choices":[],"x":1}\n\n'),
         (b'data: "usage": 1\n\n', b'data: "usage": 1\n\n'),  # JSON, not an object
+        (b'data:{"choices":[],"usage":{"t":1}}\n\n', b""),  # no space after the colon
+        # a comment among the usage event's lines is not part of the event: it stays
+        (b': ping\ndata: {"choices":[],"usage":{"t":1}}\n\n', b": ping\n"),
+        # a CR ends a line too: one event of two data lines, then two events
+        (b'data: {\rdata: "choices":[],"usage":{"t":1}}\n\n', b""),
+        (
+            b'data: {"a":1,"usage":null}\n\rdata: {"choices":[],"usage":{"t":1}}\n\n',
+            b'data: {"a":1}\n\r',
+        ),
+        # usage in every chunk (vLLM's continuous usage): only the usage-only event goes
+        (
+            b'data: {"choices":[{"index":0}],"usage":{"t":1}}\n\n'
+            b'data: {"choices":[],"usage":{"t":2}}\n\n'
+            b'data: {"choices":[{"index":0}],"usage":{"t":3}}\n\n',
+            b'data: {"choices":[{"index":0}],"usage":{"t":1}}\n\n'
+            b'data: {"choices":[{"index":0}],"usage":{"t":3}}\n\n',
+        ),
+        # the null spelled otherwise, before the usage event and after it
+        (
+            b'data: {"usage": null, "a":1}\n\ndata: {"choices":[],"usage":{"t":1}}\n\n'
+            b'data: {"usage":null,"b":2}\n\n',
+            b'data: {"a":1}\n\ndata: {"b":2}\n\n',
+        ),
     ],
 )
 def test_usage_events_cut_from_whole_events(events: bytes, out: bytes) -> None:
