@@ -103,7 +103,7 @@ def serve(
 @config_option
 @click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", default=None, type=int, help="Port to listen on (default 8081).")
-@click.option("--db", "db_url", default=None, help="Database URL.")
+@db_option
 @user_errors
 def console(
     config_path: str | None, host: str | None, port: int | None, db_url: str | None
@@ -151,6 +151,7 @@ def _parse_match(value: str) -> tuple[str, ...]:
     "--limit", default=None, type=click.IntRange(min=1), help="Select: the newest N (default 10)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of comparisons.")
+@db_option
 @user_errors
 def replay(
     config_path: str | None,
@@ -165,6 +166,7 @@ def replay(
     tags: list[tuple[str, str]],
     limit: int | None,
     as_json: bool,
+    db_url: str | None,
 ) -> None:
     """Re-send recorded requests through the proxy, record them, compare with the originals.
 
@@ -179,7 +181,7 @@ def replay(
         )
     filters = scan_filters(since, None, from_model, tags, limit or 10, True) if selecting else None
     options = replay_mod.ReplayOptions(model, upstream_name, stream, concurrency, api_key_env)
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, db_url=db_url)
     log_to_stderr("warning", timestamps=False)
     try:
         comparisons = asyncio.run(replay_mod.replay(cfg, list(ids), options, filters=filters))

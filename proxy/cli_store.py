@@ -52,6 +52,7 @@ def db_upgrade(config_path: str | None, db_url: str | None) -> None:
 @since_option
 @tag_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@db_option
 @user_errors
 def logs(
     config_path: str | None,
@@ -60,11 +61,12 @@ def logs(
     since: Any,
     tags: list[tuple[str, str]],
     as_json: bool,
+    db_url: str | None,
 ) -> None:
     """Recent exchanges, newest first."""
     from .store import read
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, db_url=db_url)
 
     async def fetch() -> list[dict[str, Any]]:
         async with read.reading(cfg.db_url) as engine:
@@ -83,12 +85,13 @@ def logs(
 @config_option
 @click.argument("exchange_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print the exchange as one JSON object.")
+@db_option
 @user_errors
-def show(config_path: str | None, exchange_id: str, as_json: bool) -> None:
+def show(config_path: str | None, exchange_id: str, as_json: bool, db_url: str | None) -> None:
     """One exchange in full (ID or a unique prefix of at least 8 characters)."""
     from .store import read
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, db_url=db_url)
 
     async def fetch() -> dict[str, Any]:
         async with read.reading(cfg.db_url) as engine:
@@ -136,6 +139,7 @@ def _parse_by(value: str) -> str:
     is_flag=True,
     help="First recompute the stored costs with today's prices (shipped table + config).",
 )
+@db_option
 @user_errors
 def cost(
     config_path: str | None,
@@ -147,13 +151,14 @@ def cost(
     tags: list[tuple[str, str]],
     fmt: str,
     reprice: bool,
+    db_url: str | None,
 ) -> None:
     """Spend per model, key, user, tag, day or upstream, with a total."""
     from .pricing import PriceTable
     from .store import read, report
     from .store.filters import Filters
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, db_url=db_url)
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
     filters = Filters(since, until, model, key, tuple(tags))
@@ -199,6 +204,7 @@ def cost(
 @click.option(
     "--output", "-o", type=click.Path(dir_okay=False), default=None, help="File (default stdout)."
 )
+@db_option
 @user_errors
 def export(
     config_path: str | None,
@@ -210,6 +216,7 @@ def export(
     limit: int | None,
     endpoint: str,
     output: str | None,
+    db_url: str | None,
 ) -> None:
     """Export exchanges, oldest first: JSONL, CSV, HAR 1.2 or OpenAI Batch API input."""
     import sys
@@ -223,7 +230,7 @@ def export(
             f"expected one of {', '.join(export_mod.BATCH_ENDPOINTS)}", param_hint="--endpoint"
         )
     filters = scan_filters(since, until, model, tags, limit)
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, db_url=db_url)
 
     redactor = Redactor(cfg.redact) if cfg.redact else None
 

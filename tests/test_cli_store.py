@@ -1,5 +1,5 @@
-"""`flightrec db upgrade`, `logs` and `show` as a user runs them: `python -m proxy` in a
-subprocess, against a real SQLite file (and PostgreSQL when available)."""
+"""`flightrec db upgrade`, `logs`, `show` and the `--db` flag as a user runs them: `python -m
+proxy` in a subprocess, against a real SQLite file (and PostgreSQL when available)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,31 @@ async def test_upgrade_then_logs_and_show(tmp_path: Path) -> None:
     assert readable.code == 0, readable.err
     assert older.id in readable.out and "--- response ---" in readable.out
     assert "team=a" in readable.out and "u-1" in readable.out
+
+
+async def test_db_flag_names_the_database_over_the_environment(tmp_path: Path) -> None:
+    """`--db` works on every command that reads the record, as on `serve`, and wins over
+    FLIGHTREC_DB_URL (here a second database that holds nothing)."""
+    holds, empty = sqlite_url(tmp_path / "holds.db"), sqlite_url(tmp_path / "empty.db")
+    for url in (holds, empty):
+        assert (await cli("db", "upgrade", "--db", url)).code == 0
+    stored = chat_exchange()
+    await recorded(holds, [stored])
+
+    listed = await cli("logs", "--json", "--db", holds, db_url=empty)
+    assert [s["id"] for s in orjson.loads(listed.out)] == [stored.id], listed.err
+    shown = await cli("show", stored.id, "--json", "--db", holds, db_url=empty)
+    assert orjson.loads(shown.out)["id"] == stored.id, shown.err
+    spent = await cli("cost", "--format", "json", "--db", holds, db_url=empty)
+    assert [row["requests"] for row in orjson.loads(spent.out)] == [1], spent.err
+    exported = await cli("export", "--db", holds, db_url=empty)
+    assert [orjson.loads(line)["id"] for line in exported.out.splitlines()] == [stored.id]
+
+    # The other way round, each command looks where --db says and finds nothing there.
+    assert orjson.loads((await cli("logs", "--json", "--db", empty, db_url=holds)).out) == []
+    for args in (("show", stored.id), ("replay", stored.id)):
+        error = (await cli(*args, "--db", empty, db_url=holds)).one_line_error()
+        assert error == f"Error: no exchange with id '{stored.id}'", args
 
 
 async def test_show_unknown_id_is_one_line(tmp_path: Path) -> None:
