@@ -49,10 +49,11 @@ def whole_events(piece: bytes, end: int | None = None) -> int:
 
 def without_usage_events(events: bytes) -> bytes:
     """Whole events, from between events, as the client gets them: without usage events and
-    `"usage":null` members. OpenAI's `"usage":null` members go first, so the usage keys left
-    are few (nearly always the usage event's own) and the search for them starts at the first;
-    only the events holding one are parsed, each alone. `events` do not start as a byte order
-    mark might (`may_start_with_bom`)."""
+    `"usage":null` members. OpenAI's `"usage":null` members go first, so the events are read
+    as the client would get them, and the usage keys left are few (nearly always the usage
+    event's own): the search for them starts at the first, and only the events holding one are
+    parsed, each alone. `events` do not start as a byte order mark might
+    (`may_start_with_bom`)."""
     events = events.replace(_NULL_MEMBER, b"")
     first = events.find(b'"usage"')
     if first < 0:
@@ -77,7 +78,7 @@ def _blank_line_after(events: bytes, inside: int) -> int:
     """Where the first LF or CRLF blank line after `inside` ends (the end of `events` if
     none does)."""
     lf = events.find(b"\n\n", inside)
-    crlf = events.find(b"\n\r\n", inside, lf if lf >= 0 else len(events))
+    crlf = events.find(b"\n\r\n", inside, lf + 2 if lf >= 0 else len(events))
     if crlf >= 0:
         return crlf + 3
     return lf + 2 if lf >= 0 else len(events)
@@ -88,7 +89,8 @@ def _usage_events(events: bytes, start: int, end: int) -> list[tuple[int, int]]:
     that is one event of one `data:` line, read without the parser."""
     lines = events[start:end]
     if lines.startswith(b"data:") and lines.find(b"\n") == len(lines) - 2 and b"\r" not in lines:
-        data = lines[6:-2] if lines[5:6] == b" " else lines[5:-2]
+        # `data:`, the value (after one optional space), then LF LF: the SSE rule in `sse.py`
+        data = lines[len(b"data:") : -2].removeprefix(b" ")
         return [(start, end)] if _is_usage_event_data(data) else []
     return [
         (start + event.start, start + event.end)

@@ -553,6 +553,12 @@ def test_the_whole_events_of_a_piece(piece: bytes, ahead: int) -> None:
             b'data: {"a":1,"usage":null}\n\rdata: {"choices":[],"usage":{"t":1}}\n\n',
             b'data: {"a":1}\n\r',
         ),
+        # two usage events between the same two LF blank lines (CR ends their lines)
+        (
+            b'data: {"choices":[],"usage":{"t":1}}\r\r'
+            b': c\rdata: {"choices":[],"usage":{"t":2}}\n\n',
+            b": c\r",
+        ),
         # usage in every chunk (vLLM's continuous usage): only the usage-only event goes
         (
             b'data: {"choices":[{"index":0}],"usage":{"t":1}}\n\n'
