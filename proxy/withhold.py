@@ -85,16 +85,10 @@ def _blank_line_after(events: bytes, inside: int) -> int:
 
 
 def _usage_events(events: bytes, start: int, end: int) -> list[tuple[int, int]]:
-    """Where the usage events among the whole events `events[start:end]` are. Nearly always
-    that is one event of one `data:` line, read without the parser."""
-    lines = events[start:end]
-    if lines.startswith(b"data:") and lines.find(b"\n") == len(lines) - 2 and b"\r" not in lines:
-        # `data:`, the value (after one optional space), then LF LF: the SSE rule in `sse.py`
-        data = lines[len(b"data:") : -2].removeprefix(b" ")
-        return [(start, end)] if _is_usage_event_data(data) else []
+    """Where the usage events among the whole events `events[start:end]` are."""
     return [
         (start + event.start, start + event.end)
-        for event in SSEParser(from_start=False).feed(lines)
+        for event in SSEParser(from_start=False).feed(events[start:end])
         if holds_usage(event.data) and _is_usage_event_data(event.data)
     ]
 
