@@ -169,21 +169,18 @@ def checks(results: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
             return "n/a (LiteLLM not measured)"
         return verdict(theirs / ours >= 30, f"{theirs / ours:.1f}x less")
 
+    def tenth_of_a_ms(over: float | None) -> str:
+        return "n/a" if over is None else verdict(over <= 0.1, f"{over * 1000:+.0f} µs")
+
     def within(key: str) -> Any:
         def judge(s: dict[str, Any]) -> str:
             ours, floor = s.get(key), relay.get(key)
-            if ours is None or floor is None:
-                return "n/a"
-            return verdict(ours - floor <= 0.1, f"{(ours - floor) * 1000:+.0f} µs")
+            return tenth_of_a_ms(None if ours is None or floor is None else ours - floor)
 
         return judge
 
     def over_relay(key: str) -> Any:
-        def judge(s: dict[str, Any]) -> str:
-            over = s.get(key)
-            return "n/a" if over is None else verdict(over <= 0.1, f"{over * 1000:+.0f} µs")
-
-        return judge
+        return lambda s: tenth_of_a_ms(s.get(key))
 
     def streams_clean(s: dict[str, Any]) -> str:
         if "streams" not in s:
