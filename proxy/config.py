@@ -341,7 +341,8 @@ def load(
 
     `path` falls back to `FLIGHTREC_CONFIG`. `overrides` are flag values (None = not given);
     the key `upstream` replaces the first upstream's base_url, as `FLIGHTREC_UPSTREAM` does.
-    `flags` names the flag of a key where the command's differs from `flag(key)`.
+    `flags` names the flag of a key where the command's differs from `flag(key)`. Only the
+    value that wins is read, so a flag can stand in for a bad variable left in the environment.
     """
     env = os.environ if env is None else env
     path = path or env.get(ENV_PREFIX + "CONFIG") or None
@@ -356,20 +357,21 @@ def load(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
 
-    values: dict[str, Any] = {}
+    given: dict[str, tuple[str, Any]] = {}  # key: (where it was given, the value that wins)
     for key, value in raw.items():
         if key in ("upstreams", "prices", "redact"):
             continue
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown config key (see config.example.toml)")
-        values[key] = KEYS[key].parse(key, value)
-    for key, spec in KEYS.items():
+        given[key] = (key, value)
+    for key in KEYS:
         env_value = env.get(ENV_PREFIX + key.upper())
         if env_value is not None:
-            values[key] = spec.parse(ENV_PREFIX + key.upper(), env_value)
+            given[key] = (ENV_PREFIX + key.upper(), env_value)
     for key, value in (overrides or {}).items():
         if value is not None and key in KEYS:
-            values[key] = KEYS[key].parse(flag(key, flags), value)
+            given[key] = (flag(key, flags), value)
+    values = {key: KEYS[key].parse(where, value) for key, (where, value) in given.items()}
 
     config = replace(Config(), **values)
     if "upstreams" in raw:

@@ -146,3 +146,18 @@ def test_price_keys_are_the_fields_the_price_table_takes() -> None:
     with pytest.raises(ValueError) as info:
         PriceTable.load({"m": {"input": 1, "output": 1, "bogus": 1}})
     assert str(info.value).endswith(f"(known: {', '.join(sorted(PRICE_KEYS))})")
+
+
+def test_only_the_value_that_wins_is_read(tmp_path: Path) -> None:
+    """A flag stands in for a bad value in the environment (or the file) without an error; the
+    bad value is still an error when it wins, named where it was given."""
+    path = tmp_path / "c.toml"
+    path.write_text('port = "soon"\n')
+    env = {"FLIGHTREC_DB_URL": "bogus", "FLIGHTREC_PORT": "9100"}
+    url = f"sqlite+aiosqlite:///{tmp_path / 'a.db'}"
+    config = load(path, env=env, overrides={"db_url": url})
+    assert (config.db_url, config.port) == (url, 9100)
+    with pytest.raises(ConfigError, match="FLIGHTREC_DB_URL"):
+        load(path, env=env)
+    with pytest.raises(ConfigError, match="port"):
+        load(path, env={}, overrides={"db_url": url})
