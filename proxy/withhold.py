@@ -16,10 +16,15 @@ import orjson
 
 from .sse import SSEParser
 
-_USAGE_VALUE = re.compile(rb'"usage"\s*:(?!\s*null)')
-"""A usage key whose value is not null: the only kind of event the proxy ever withholds."""
+_KEY = rb'"(?:u|\\u0075)(?:s|\\u0073)(?:a|\\u0061)(?:g|\\u0067)(?:e|\\u0065)"'
+"""The usage key, any of its letters perhaps escaped (`"\\u0075sage"`)."""
+_ESCAPE = b"\\u00"
+"""In every escaped spelling of the key."""
+_USAGE_VALUE = re.compile(_KEY + rb"(?:\s|data: ?)*:(?!\s*null)")
+"""A usage key whose value is not null: the only kind of event the proxy ever withholds. The
+JSON may go on in the event's next data line between the key and its colon."""
 _NULL_USAGE = re.compile(
-    rb',[ \t]*"usage"[ \t]*:[ \t]*null\b|"usage"[ \t]*:[ \t]*null[ \t]*,[ \t]*'
+    rb",[ \t]*" + _KEY + rb"[ \t]*:[ \t]*null\b|" + _KEY + rb"[ \t]*:[ \t]*null[ \t]*,[ \t]*"
 )
 """A `"usage": null` member however spaced, with the comma that separates it; never across a
 line end (JSON split over data lines keeps its lines)."""
@@ -51,11 +56,11 @@ def without_usage_events(events: bytes) -> bytes:
     """Whole events, from between events, as the client gets them: without usage events and
     `"usage":null` members. OpenAI's `"usage":null` members go first, so the events are read
     as the client would get them, and the usage keys left are few (nearly always the usage
-    event's own): the search for them starts at the first, and only the events holding one are
-    parsed, each alone. `events` do not start as a byte order mark might
-    (`may_start_with_bom`)."""
+    event's own): the search for them starts at the first (at the start when a key may be
+    spelled with escapes), and only the events holding one are parsed, each alone. `events`
+    do not start as a byte order mark might (`may_start_with_bom`)."""
     events = events.replace(_NULL_MEMBER, b"")
-    first = events.find(b'"usage"')
+    first = 0 if _ESCAPE in events else events.find(b'"usage"')
     if first < 0:
         return events
     kept: list[bytes] = []
@@ -117,7 +122,7 @@ def without_null_usage(events: bytes) -> bytes:
 
 def _without_other_null_usage(events: bytes) -> bytes:
     """`without_null_usage` once OpenAI's spelling (`_NULL_MEMBER`) is gone."""
-    if b'"usage"' in events:  # another spelling (or a usage object, which stays)
+    if b'"usage"' in events or _ESCAPE in events:  # another spelling (or a usage object)
         events = _NULL_USAGE.sub(b"", events)
     return events
 

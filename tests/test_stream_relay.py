@@ -573,6 +573,15 @@ def test_the_whole_events_of_a_piece(piece: bytes, ahead: int) -> None:
             b'data: {"usage":null,"b":2}\n\n',
             b'data: {"a":1}\n\ndata: {"b":2}\n\n',
         ),
+        # the key spelled with escapes, alone and before a usage key spelled plainly
+        (b'data: {"choices":[],"\\u0075sage":{"t":1}}\n\n', b""),
+        (
+            b'data: {"choices":[],"us\\u0061ge":{"t":1}}\n\ndata: {"a":1, "usage": null}\n\n',
+            b'data: {"a":1}\n\n',
+        ),
+        (b'data: {"c":"caf\\u00e9"}\n\n', b'data: {"c":"caf\\u00e9"}\n\n'),
+        # the JSON going on in the next data line between the key and its colon
+        (b'data: {"choices":[],"usage"\r\ndata: :{"t":1}}\r\n\r\n', b""),
     ],
 )
 def test_usage_events_cut_from_whole_events(events: bytes, out: bytes) -> None:
@@ -585,6 +594,7 @@ def test_usage_events_cut_from_whole_events(events: bytes, out: bytes) -> None:
         (b'data: {"a":1,"usage":null}\n\n', b'data: {"a":1}\n\n'),
         (b'data: {"a":1,\t"usage" : null}\n\n', b'data: {"a":1}\n\n'),
         (b'data: {"usage": null, "a":1}\r\n\r\n', b'data: {"a":1}\r\n\r\n'),
+        (b'data: {"a":1,"\\u0075sage":null}\n\n', b'data: {"a":1}\n\n'),
         # JSON split over data lines keeps its lines: a member is never cut across a line end
         (b'data: {"usage":null,\ndata: "a":1}\n\n', b'data: {\ndata: "a":1}\n\n'),
         (b'data: {"usage":null,\r\ndata: "a":1}\r\n\r\n', b'data: {\r\ndata: "a":1}\r\n\r\n'),

@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import itertools
 import json
+import re
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ _SPELL = [
     orjson.dumps,
     lambda obj: json.dumps(obj).encode(),
     lambda obj: json.dumps(obj, separators=(",", " : ")).encode(),
+    # the key with escaped letters (text holding `"usage"` has its quotes escaped: untouched)
+    lambda obj: orjson.dumps(obj).replace(b'"usage"', b'"\\u0075s\\u0061ge"'),
 ]
 _USAGE = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
 
@@ -55,10 +58,12 @@ def _data(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def _event(draw: st.DrawFn, eol: st.SearchStrategy[bytes]) -> bytes:
-    """An event: its data on one line or split after a `{` or `[`, comments and other fields
-    among its lines, each line ended as `eol` draws, then a blank line."""
+    """An event: its data on one line or split after a `{`, a `[` or a usage key, comments
+    and other fields among its lines, each line ended as `eol` draws, then a blank line."""
     data = draw(_data())
-    splits = [i + 1 for i, byte in enumerate(data) if byte in b"{["]  # JSON may break there
+    # JSON may break over data lines there, and between a key and its colon
+    splits = [i + 1 for i, byte in enumerate(data) if byte in b"{["]
+    splits += [key.end() for key in re.finditer(rb'"(?:usage|\\u0075s\\u0061ge)"', data)]
     cuts = sorted(set(draw(st.lists(st.sampled_from(splits), max_size=2)))) if splits else []
     bounds = [0, *cuts, len(data)]
     lines = [
