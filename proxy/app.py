@@ -115,7 +115,7 @@ async def run(
     if recorder is None:
         from .dbrecorder import open_recorder
 
-        recorder = await open_recorder(config)
+        recorder = await open_recorder(config, wait_for_database=True)
     from .metrics import MetricsSink
 
     metrics = MetricsSink(config, recorder)

@@ -15,6 +15,10 @@ When the journal refuses a record (full, disk full, not writable) the record is 
 only, up to `queue_size`, and still written to the database; what does not fit is lost. Both
 are counted and named in at most one warning a second, and `readiness()` says why.
 
+`serve` starts even while a PostgreSQL server does not answer (`open_recorder`): records are
+journaled from the first request, and the writer checks (or upgrades) the schema once the
+database answers, then writes what waited.
+
 A record the database refuses for its own sake (a constraint, a value it cannot hold) is not an
 outage: it is moved to `<spool_path>.bad` with a warning so it cannot block the records behind
 it.
@@ -35,11 +39,11 @@ from .exchange import Exchange
 from .pricing import PriceTable
 from .store import check_writable
 from .store.backlog import Backlog, Batch
-from .store.engine import SQLITE_BUSY_TIMEOUT_MS, check_connection, create_engine, describe
+from .store.engine import SQLITE_BUSY_TIMEOUT_MS, StoreError, Unreachable, create_engine, describe
 from .store.journal import Journal
 from .store.lines import encode
 from .store.losses import Losses
-from .store.migrate import check_head, upgrade
+from .store.migrate import prepare
 from .store.refused import refuses_record
 from .store.rows import Rows, rows_for
 from .store.writer import Writer, writer_for
@@ -75,7 +79,10 @@ class DatabaseRecorder:
         *,
         engine: AsyncEngine | None = None,
         busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+        unprepared: str | None = None,
     ) -> None:
+        """`unprepared`: why the database's schema could not be checked yet (it did not
+        answer); the writer checks it, or upgrades it, before its first write."""
         self._config = config
         self._engine = engine
         self._busy_timeout_ms = busy_timeout_ms
@@ -88,10 +95,11 @@ class DatabaseRecorder:
         self._held: Batch | None = None
         """The batch being written, kept until it is committed."""
         self._task: asyncio.Task[None] | None = None
-        self._healthy = True
+        self._prepared = unprepared is None
+        self._healthy = unprepared is None
         self.written = 0
         """Exchanges this recorder stored (ids found stored already do not count)."""
-        self._reason = ""
+        self._reason = unprepared or ""
         self._retry_at = 0.0
         self._backoff = self.retry_min
         self._writing_since: float | None = None
@@ -214,6 +222,9 @@ class DatabaseRecorder:
             if not self._healthy and not self._last_try and loop.time() < self._retry_at:
                 await asyncio.sleep(max(_FLOOR, self._retry_at - loop.time()))
                 continue
+            if not self._prepared:
+                await self._prepare()
+                continue
             try:
                 wait = 0.0 if self._closing else self._config.batch_interval
                 batch = self._held or await self.backlog.next_batch(self._config.batch_size, wait)
@@ -240,6 +251,19 @@ class DatabaseRecorder:
         self.backlog.arrived.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.backlog.arrived.wait(), _IDLE)
+
+    async def _prepare(self) -> None:
+        """Check or upgrade the schema of a database that did not answer at start."""
+        try:
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await prepare(self.engine, self._config.db_url, self._config.auto_upgrade)
+        except StoreError as exc:  # still unreachable, or the schema is not at head
+            self._failed(str(exc))
+        except Exception as exc:  # lost between the checks, or timed out
+            self._failed(describe(exc))
+        else:
+            self._prepared = True
+            self._recovered()
 
     async def _deliver(self, batch: list[Exchange]) -> bool:
         """Write a batch; False when the database is unavailable (the batch is kept)."""
@@ -335,22 +359,27 @@ def recorder_engine(url: str) -> AsyncEngine:
     return engine
 
 
-async def open_recorder(config: Config) -> DatabaseRecorder:
-    """A started recorder for `config.db_url`, for `serve`.
+async def open_recorder(config: Config, *, wait_for_database: bool = False) -> DatabaseRecorder:
+    """A started recorder for `config.db_url`.
 
     Upgrades the schema to head when `config.auto_upgrade` (else checks it is at head), checks
     the database answers, opens the journal and starts the writer. Raises `StoreError` with one
-    line when any of that fails; nothing is left running then.
+    line when any of that fails; nothing is left running then. With `wait_for_database` (for
+    `serve`), a PostgreSQL server that does not answer is not a failure: the recorder starts
+    unready, journals what it is given, and prepares the database once it answers.
     """
     await check_writable(config.db_url)
-    if config.auto_upgrade:
-        await upgrade(config.db_url)
     engine = recorder_engine(config.db_url)
     try:
-        await check_connection(engine)
-        if not config.auto_upgrade:
-            await check_head(engine)
-        recorder = DatabaseRecorder(config, engine=engine)
+        try:
+            await prepare(engine, config.db_url, config.auto_upgrade)
+            unprepared = None
+        except Unreachable as exc:
+            if not wait_for_database or engine.dialect.name == "sqlite":
+                raise
+            log.warning("%s: serving; records are journaled until it answers", exc)
+            unprepared = str(exc)
+        recorder = DatabaseRecorder(config, engine=engine, unprepared=unprepared)
         await recorder.start()
     except BaseException:
         await engine.dispose()

@@ -4,7 +4,8 @@ Each worker is a whole flightrec — its own event loop, upstream pool and backg
 so nothing one worker knows is needed by another: exchanges are independent and the database
 is the only shared state. Each worker journals to its own file (`<spool_path>.<n>`), so no two
 processes ever append to or read the same journal. The supervisor migrates the database once
-before the workers start, forwards SIGTERM/SIGINT to them and exits when they all have.
+before the workers start (if it does not answer yet, each worker does, one at a time, once it
+does), forwards SIGTERM/SIGINT to them and exits when they all have.
 Metrics are the one thing summed across workers: each writes its values to files in a fresh
 directory the supervisor makes (`PROMETHEUS_MULTIPROC_DIR`), which worker 0's console reads.
 """
@@ -35,7 +36,6 @@ def worker_config(config: Config, index: int) -> Config:
     return replace(
         config,
         spool_path=f"{config.spool_path}.{index}",
-        auto_upgrade=False,
         console_port=console_port,
         retention_days=config.retention_days if index == 0 else 0,
         retention_bodies_days=config.retention_bodies_days if index == 0 else 0,
@@ -52,9 +52,13 @@ def _worker(config: Config, index: int) -> None:
 def supervise(config: Config) -> int:
     """Run `config.workers` worker processes until a signal stops them; returns the exit code."""
     if config.auto_upgrade:
-        from .store.migrate import upgrade  # only serve needs the database
+        from .store import Unreachable, upgrade  # only serve needs the database
 
-        asyncio.run(upgrade(config.db_url))
+        try:
+            asyncio.run(upgrade(config.db_url))
+            config = replace(config, auto_upgrade=False)  # done: the workers only check
+        except Unreachable as exc:  # each worker upgrades once it answers, one at a time
+            log.warning("%s: the workers upgrade the schema once it answers", exc)
     # Set before the workers start, so prometheus_client in each of them writes to files.
     metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="flightrec-metrics-")
     context = multiprocessing.get_context("spawn")

@@ -235,6 +235,35 @@ async def test_readyz_turns_503_within_seconds_of_a_postgresql_stall(
     assert result["answered"] == result["sent"], f"requests failed during the stall: {result}"
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_serve_starts_while_postgresql_is_down_and_writes_once_it_is_up(
+    tmp_path: Path, upstream_url: str, figures: Figures, pg_url: str, workers: int
+) -> None:
+    """PostgreSQL refuses connections when `serve` starts (an empty database behind a relay
+    that is cut): the proxy serves anyway, unready; once PostgreSQL answers, the schema is
+    upgraded and everything answered meanwhile is written."""
+    async with relayed(pg_url) as (relay, through):
+        await asyncio.to_thread(relay.cut)
+        with serving(_new_serve(tmp_path, upstream_url, through, workers=workers)) as p:
+            await p.start()
+            unready = await p.readyz()
+            calls = await drive(p.url, rate=20, seconds=1.5)
+            await asyncio.to_thread(relay.resume)
+            resumed_at = time.monotonic()
+            ready = await _readyz_until(p, lambda status: status == 200, 30)
+            stored = await wait_stored(pg_url, {c.id for c in calls if c.id}, WRITE_BACK)
+            seconds_to_stored = time.monotonic() - resumed_at
+    result = tally(calls, stored) | {
+        "readyz_while_down": unready[0],
+        "seconds_to_stored_after_up": round(seconds_to_stored, 2),
+    }
+    figures(f"PostgreSQL down at start, workers = {workers}", result)
+    assert unready[0] == 503 and "cannot connect" in unready[1], unready
+    assert result["answered"] == len(calls) >= 20, f"requests failed while it was down: {result}"
+    assert ready is not None, f"/readyz did not turn 200 once PostgreSQL answered: {result}"
+    assert result["lost"] == 0, f"answered while it was down, not recorded: {result}"
+
+
 async def _readyz_until(
     serve: Serve, wanted: Callable[[int], bool], seconds: float
 ) -> tuple[int, str] | None:

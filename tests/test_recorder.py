@@ -178,6 +178,36 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
     assert spool_files(tmp_path) == []
 
 
+async def test_without_auto_upgrade_a_database_down_at_start_waits_for_its_schema(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Down at start, `serve`'s recorder starts unready; once PostgreSQL answers, it checks the
+    schema and, until someone upgrades it, keeps what it was given and says why."""
+    target = make_url(pg_url)
+    relay = TcpRelay()
+    port = relay.start(target.host or "127.0.0.1", target.port or 5432)
+    relayed = target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+    await asyncio.to_thread(relay.cut)
+    cfg = config(relayed, tmp_path, auto_upgrade=False)
+    with pytest.raises(StoreError, match="cannot connect"):
+        await open_recorder(cfg)  # not for `serve`: it must not wait
+    recorder = await open_recorder(cfg, wait_for_database=True)
+    recorder.retry_min, recorder.retry_max = 0.05, 0.3
+    assert "cannot connect" in (recorder.readiness() or "")
+    assert not recorder.database_up()
+    sent = [chat_exchange() for _ in range(3)]
+    for ex in sent:
+        recorder.record(ex)
+    await asyncio.to_thread(relay.resume)
+    await wait_until(lambda: "flightrec db upgrade" in (recorder.readiness() or ""), within=10)
+    await upgrade(pg_url)
+    await wait_until(recorder.ready, within=10)
+    await wait_until(lambda: not uncommitted(recorder), within=10)
+    await recorder.close()
+    relay.close()
+    await assert_stored_once(pg_url, sent)
+
+
 async def test_a_postgresql_stall_is_logged_once_and_so_is_its_end(
     pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

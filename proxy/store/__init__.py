@@ -7,11 +7,12 @@ disk until the database has it and `backlog` feeds it to the writer. The backgro
 that ties them together is `proxy.dbrecorder`.
 """
 
-from .engine import StoreError, check_connection, check_writable, create_engine
+from .engine import StoreError, Unreachable, check_connection, check_writable, create_engine
 from .migrate import downgrade, upgrade
 
 __all__ = [
     "StoreError",
+    "Unreachable",
     "check_connection",
     "check_writable",
     "create_engine",

@@ -36,6 +36,15 @@ class StoreError(Exception):
     """The database cannot be used: unreachable, wrong schema, unknown record. One line."""
 
 
+class Unreachable(StoreError):
+    """The database server did not answer (refused, name not found, timed out, starting up):
+    unlike a wrong password or a missing database, it may answer a moment later."""
+
+
+_STARTING_UP = "57P03"
+"""PostgreSQL's SQLSTATE for `cannot_connect_now` (the server is starting or shutting down)."""
+
+
 def safe_url(url: str) -> str:
     """The URL with any password masked, for messages and logs."""
     try:
@@ -122,11 +131,7 @@ def sqlite_pragmas(con: Any, *, busy_timeout_ms: int) -> None:
 
 def describe(exc: BaseException) -> str:
     """One line naming what went wrong, from the innermost cause (the driver's own error)."""
-    inner: BaseException = exc
-    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-        inner = exc.orig
-    while inner.__cause__ is not None:
-        inner = inner.__cause__
+    inner = _innermost(exc)
     lines = str(inner).strip().splitlines()
     return f"{type(inner).__name__}: {lines[0]}" if lines else type(inner).__name__
 
@@ -140,7 +145,24 @@ async def check_connection(engine: AsyncEngine) -> None:
         # Drivers raise their own types here (OSError, asyncpg's, sqlite3's, timeouts): all of
         # them mean the same thing to the user.
         where = engine.url.render_as_string(hide_password=True)
-        raise StoreError(f"cannot connect to the database at {where}: {describe(exc)}") from None
+        error = Unreachable if _may_answer_later(exc) else StoreError
+        raise error(f"cannot connect to the database at {where}: {describe(exc)}") from None
+
+
+def _may_answer_later(exc: BaseException) -> bool:
+    """Whether a failure to connect is the server's absence rather than a refusal."""
+    inner = _innermost(exc)
+    return isinstance(inner, OSError) or getattr(inner, "sqlstate", None) == _STARTING_UP
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The driver's own error behind SQLAlchemy's, or the first cause of a chain."""
+    inner: BaseException = exc
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        inner = exc.orig
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    return inner
 
 
 async def check_writable(url: str, *, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:

@@ -76,6 +76,16 @@ async def check_head(engine: AsyncEngine) -> None:
         )
 
 
+async def prepare(engine: AsyncEngine, url: str, auto_upgrade: bool) -> None:
+    """Before `serve` writes: upgrade the schema to head (`auto_upgrade`), else check it is
+    there. Raises `StoreError`, `Unreachable` when the server did not answer."""
+    if auto_upgrade:
+        await upgrade(url)
+    await check_connection(engine)
+    if not auto_upgrade:
+        await check_head(engine)
+
+
 async def _run(url: str, direction: str, revision: str) -> None:
     engine = create_engine(url)
     try:
