@@ -137,7 +137,7 @@ async def run(
     from .console import start_console  # its own listener: console_host:console_port
 
     try:
-        console = await start_console(config, metrics)
+        console = await start_console(config, metrics, wait_for_database=True)
     except BaseException:
         await runner.cleanup()
         raise

@@ -154,6 +154,8 @@ async def test_openapi_names_every_route(api: tuple[Client, Seeded]) -> None:
     routes = {"/api/exchanges", one, f"{one}/logprobs", f"{one}/timeline", "/api/cost",
               "/api/cost/series", "/api/fingerprints"}  # fmt: skip
     assert set(doc["paths"]) == routes
+    for path in routes:
+        assert set(doc["paths"][path]["get"]["responses"]) >= {"200", "400", "401", "503"}
     listed = {p["name"] for p in doc["paths"]["/api/exchanges"]["get"]["parameters"]}
     assert listed >= {"limit", "cursor", "since", "until", "model", "outcome", "status", "user",
                       "key", "tag", "upstream", "fingerprint", "replay_of", "q"}  # fmt: skip

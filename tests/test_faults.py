@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from sqlalchemy.engine import make_url
@@ -32,6 +33,7 @@ from .faultkit import (
     cannot_write,
     drive,
     due,
+    held_port,
     tally,
     unprivileged,
     upstream_process,
@@ -240,28 +242,46 @@ async def test_serve_starts_while_postgresql_is_down_and_writes_once_it_is_up(
     tmp_path: Path, upstream_url: str, figures: Figures, pg_url: str, workers: int
 ) -> None:
     """PostgreSQL refuses connections when `serve` starts (an empty database behind a relay
-    that is cut): the proxy serves anyway, unready; once PostgreSQL answers, the schema is
-    upgraded and everything answered meanwhile is written."""
-    async with relayed(pg_url) as (relay, through):
-        await asyncio.to_thread(relay.cut)
-        with serving(_new_serve(tmp_path, upstream_url, through, workers=workers)) as p:
-            await p.start()
-            unready = await p.readyz()
-            calls = await drive(p.url, rate=20, seconds=1.5)
-            await asyncio.to_thread(relay.resume)
-            resumed_at = time.monotonic()
-            ready = await _readyz_until(p, lambda status: status == 200, 30)
-            stored = await wait_stored(pg_url, {c.id for c in calls if c.id}, WRITE_BACK)
-            seconds_to_stored = time.monotonic() - resumed_at
+    that is cut): the proxy serves anyway, unready, and its console says why; once PostgreSQL
+    answers, the schema is upgraded and everything answered meanwhile is written."""
+    with held_port() as console_port:
+        console = f"http://127.0.0.1:{console_port.getsockname()[1]}/api/exchanges"
+        settings = {"workers": workers, "console_port": console_port.getsockname()[1]}
+        async with relayed(pg_url) as (relay, through):
+            await asyncio.to_thread(relay.cut)
+            with serving(_new_serve(tmp_path, upstream_url, through, **settings)) as p:
+                await p.start()
+                unready = await p.readyz()
+                console_down = await _get(console)
+                calls = await drive(p.url, rate=20, seconds=1.5)
+                await asyncio.to_thread(relay.resume)
+                resumed_at = time.monotonic()
+                ready = await _readyz_until(p, lambda status: status == 200, 30)
+                stored = await wait_stored(pg_url, {c.id for c in calls if c.id}, WRITE_BACK)
+                seconds_to_stored = time.monotonic() - resumed_at
+                console_up = await _get(console + "?limit=100")
     result = tally(calls, stored) | {
         "readyz_while_down": unready[0],
+        "console_while_down": console_down[0],
         "seconds_to_stored_after_up": round(seconds_to_stored, 2),
     }
     figures(f"PostgreSQL down at start, workers = {workers}", result)
     assert unready[0] == 503 and "cannot connect" in unready[1], unready
+    assert console_down[0] == 503, console_down
+    assert "database unavailable: cannot connect" in console_down[1], console_down
+    assert console_up[0] == 200, console_up
+    assert len(orjson.loads(console_up[1])["items"]) == len(stored), console_up
     assert result["answered"] == len(calls) >= 20, f"requests failed while it was down: {result}"
     assert ready is not None, f"/readyz did not turn 200 once PostgreSQL answered: {result}"
     assert result["lost"] == 0, f"answered while it was down, not recorded: {result}"
+
+
+async def _get(url: str) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(url) as response,
+    ):
+        return response.status, await response.text()
 
 
 async def _readyz_until(

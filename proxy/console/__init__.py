@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import jinja2
@@ -21,8 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..config import Config, ConfigError
 from ..metrics import MetricsSink, registry
 from ..stopping import until_stopped
-from ..store.read import reading
-from . import api, auth, pages
+from . import api, auth, database, pages
 from .auth import check_bind
 from .state import CONSOLE, Console, state
 
@@ -44,14 +42,6 @@ def templates() -> jinja2.Environment:
     return env
 
 
-async def _database(app: web.Application) -> AsyncIterator[None]:
-    console = app[CONSOLE]
-    async with reading(console.config.db_url) as engine:
-        console.engine = engine
-        yield
-        console.engine = None
-
-
 async def metrics_page(request: web.Request) -> web.Response:
     """Prometheus text format (docs/metrics.md); the console's token guards it."""
     sink = state(request).metrics
@@ -66,13 +56,18 @@ async def metrics_page(request: web.Request) -> web.Response:
     return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_console(config: Config, metrics: MetricsSink | None = None) -> web.Application:
+def build_console(
+    config: Config, metrics: MetricsSink | None = None, *, wait_for_database: bool = False
+) -> web.Application:
+    """The console app; `wait_for_database`: it starts even while the database does not
+    answer (`database.py`)."""
     auth.check_bind(config.console_host, config.console_token)
-    app = web.Application(
-        middlewares=[auth.make_auth_middleware(pages.login_page), api.api_errors, pages.errors]
+    login = auth.make_auth_middleware(pages.login_page)
+    app = web.Application(middlewares=[login, database.unavailable, api.api_errors, pages.errors])
+    app[CONSOLE] = Console(
+        config, templates(), metrics=metrics, waits_for_database=wait_for_database
     )
-    app[CONSOLE] = Console(config, templates(), metrics=metrics)
-    app.cleanup_ctx.append(_database)
+    app.cleanup_ctx.append(database.open_database)
     app.on_response_prepare.append(auth.add_security_headers)
     api.add_routes(app)
     pages.add_routes(app)
@@ -81,12 +76,15 @@ def build_console(config: Config, metrics: MetricsSink | None = None) -> web.App
     return app
 
 
-async def start_console(config: Config, metrics: MetricsSink | None = None) -> web.AppRunner | None:
+async def start_console(
+    config: Config, metrics: MetricsSink | None = None, *, wait_for_database: bool = False
+) -> web.AppRunner | None:
     """The console on `console_host:console_port`, or None when `console_port` is 0;
     `/metrics` serves `metrics`."""
     if config.console_port == 0:
         return None
-    runner = web.AppRunner(build_console(config, metrics), access_log=None)
+    console = build_console(config, metrics, wait_for_database=wait_for_database)
+    runner = web.AppRunner(console, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.console_host, config.console_port)

@@ -60,6 +60,7 @@ def _get(summary: str, params: list[dict[str, Any]], by_id: bool = False) -> dic
         "200": {"description": summary, "content": {"application/json": {}}},
         "400": {"$ref": "#/components/responses/Error"},
         "401": {"$ref": "#/components/responses/Error"},
+        "503": {"$ref": "#/components/responses/Error"},  # the database cannot be read now
     }
     if by_id:
         responses["404"] = {"$ref": "#/components/responses/Error"}

@@ -20,6 +20,10 @@ class Console:
     """Set while the app runs (its cleanup_ctx opens and disposes it)."""
     metrics: MetricsSink | None = None
     """What `/metrics` serves: the proxy's metrics, when the console runs inside `serve`."""
+    waits_for_database: bool = False
+    """Starts even while the database does not answer (inside `serve`)."""
+    unchecked: bool = False
+    """The database did not answer at start: checked on each request until it does."""
 
     @property
     def token(self) -> str | None:

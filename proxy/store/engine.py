@@ -155,6 +155,19 @@ def _may_answer_later(exc: BaseException) -> bool:
     return isinstance(inner, OSError) or getattr(inner, "sqlstate", None) == _STARTING_UP
 
 
+def gone(exc: BaseException) -> bool:
+    """Whether `exc`, raised by a query, says the database cannot be used right now (down,
+    unreachable, the connection lost, locked past the busy timeout), not that the query or the
+    data is wrong."""
+    inner = _innermost(exc)
+    sqlstate = str(getattr(inner, "sqlstate", None) or "")
+    return (
+        isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
+        or isinstance(inner, OSError)
+        or sqlstate.startswith(("08", "57P"))  # connection exception, operator intervention
+    )
+
+
 def _innermost(exc: BaseException) -> BaseException:
     """The driver's own error behind SQLAlchemy's, or the first cause of a chain."""
     inner: BaseException = exc

@@ -30,7 +30,7 @@ _RELATIVE = re.compile(r"^(\d+)\s*(s|m|h|d|w)$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
-def _require_sqlite_file(url: str) -> None:
+def require_sqlite_file(url: str) -> None:
     """Connecting would create an empty SQLite file: say the path is wrong instead."""
     try:
         parsed = make_url(url)
@@ -46,16 +46,24 @@ def _require_sqlite_file(url: str) -> None:
 @contextlib.asynccontextmanager
 async def reading(url: str) -> AsyncIterator[AsyncEngine]:
     """An engine on an existing, migrated database; every failure is one `StoreError` line."""
-    _require_sqlite_file(url)
+    require_sqlite_file(url)
     engine = create_engine(url)
     try:
-        await check_connection(engine)
-        await check_head(engine)
+        await check_readable(engine)
         yield engine
     except sa.exc.SQLAlchemyError as exc:
         raise StoreError(f"reading the database failed: {describe(exc)}") from None
     finally:
         await engine.dispose()
+
+
+async def check_readable(engine: AsyncEngine) -> None:
+    """Raise `StoreError` unless the database answers and its schema is at head."""
+    try:
+        await check_connection(engine)
+        await check_head(engine)
+    except sa.exc.SQLAlchemyError as exc:  # lost between the two
+        raise StoreError(f"reading the database failed: {describe(exc)}") from None
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:

@@ -1,0 +1,67 @@
+"""The console's database: opened with the app, and a clear answer while it cannot be read.
+
+`flightrec console` alone stops at start when the database cannot be read, as every command
+does. Inside `serve`, which starts while its PostgreSQL is down (`dbrecorder.open_recorder`),
+the console starts too and checks the database on each request until it answers. A database
+that cannot be used while a page is made (down, unreachable, locked) is a 503 saying why, as
+a page or as the API's JSON error, not a bare 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from ..store.engine import StoreError, Unreachable, create_engine, describe, gone
+from ..store.read import check_readable, require_sqlite_file
+from . import api, pages
+from .state import CONSOLE, state
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_NO_DATABASE = ("/static/", "/metrics", "/login", "/logout", "/api/openapi.json")
+"""Paths answered without the database."""
+
+
+async def open_database(app: web.Application) -> AsyncIterator[None]:
+    """The app's cleanup context: the engine, checked now unless the database does not
+    answer and the console may wait for it."""
+    console = app[CONSOLE]
+    url = console.config.db_url
+    require_sqlite_file(url)
+    engine = console.engine = create_engine(url)
+    try:
+        try:
+            await check_readable(engine)
+        except Unreachable as exc:
+            if not console.waits_for_database:
+                raise
+            log.warning("%s: the console says so until it answers", exc)
+            console.unchecked = True
+        yield
+    finally:
+        console.engine = None
+        await engine.dispose()
+
+
+@web.middleware
+async def unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """503 with the reason while the database cannot be read."""
+    console = state(request)
+    try:
+        if console.unchecked and not request.path.startswith(_NO_DATABASE):
+            await check_readable(console.db())
+            console.unchecked = False
+        return await handler(request)
+    except StoreError as exc:  # only `check_readable`'s: handlers' are answered inside
+        reason = str(exc)
+    except Exception as exc:
+        if not gone(exc):
+            raise
+        reason = describe(exc)
+    message = f"database unavailable: {reason}"
+    if request.path.startswith("/api/"):
+        return api.error(503, message, "database_unavailable", None)
+    return pages.render(request, "error.html", 503, title="Database unavailable", message=message)
