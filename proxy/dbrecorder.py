@@ -253,14 +253,15 @@ class DatabaseRecorder:
             await asyncio.wait_for(self.backlog.arrived.wait(), _IDLE)
 
     async def _prepare(self) -> None:
-        """Check or upgrade the schema of a database that did not answer at start."""
+        """Check or upgrade the schema of a database that did not answer at start (not
+        time-boxed: an upgrade may take long; each statement has its timeout)."""
         try:
-            async with asyncio.timeout(WRITE_TIMEOUT):
-                await prepare(self.engine, self._config.db_url, self._config.auto_upgrade)
-        except StoreError as exc:  # still unreachable, or the schema is not at head
-            self._failed(str(exc))
-        except Exception as exc:  # lost between the checks, or timed out
-            self._failed(describe(exc))
+            await prepare(self.engine, self._config.db_url, self._config.auto_upgrade)
+        except Exception as exc:  # still unreachable, the schema not at head, a failed upgrade
+            reason = str(exc) if isinstance(exc, StoreError) else describe(exc)
+            if reason != self._reason:
+                log.warning("database not ready: %s", reason)
+            self._failed(reason)
         else:
             self._prepared = True
             self._recovered()

@@ -20,10 +20,10 @@ _KEY = rb'"(?:u|\\u0075)(?:s|\\u0073)(?:a|\\u0061)(?:g|\\u0067)(?:e|\\u0065)"'
 """The usage key, any of its letters perhaps escaped (`"\\u0075sage"`)."""
 _ESCAPE = b"\\u00"
 """In every escaped spelling of the key."""
-_USAGE_VALUE = re.compile(_KEY + rb"[^:]*:(?!\s*null)")
-"""A usage key whose value is not null: the only kind of event the proxy ever withholds. The
-JSON may go on in a later data line of the event between the key and its colon (other fields'
-lines between): a match only makes the event a candidate, which its parse decides."""
+_USAGE_VALUE = re.compile(_KEY + rb"(?:\s*:(?!\s*null)|[ \t]*(?=[\r\n]))")
+"""A usage key whose value is not null, the only kind of event the proxy ever withholds, or a
+usage key at the end of a line (the JSON going on in a later data line): a match only makes
+the event a candidate, which its parse decides."""
 _NULL_USAGE = re.compile(
     rb",[ \t]*" + _KEY + rb"[ \t]*:[ \t]*null\b|" + _KEY + rb"[ \t]*:[ \t]*null[ \t]*,[ \t]*"
 )

@@ -5,8 +5,10 @@ PostgreSQL sits behind a TCP relay the tests cut and resume."""
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -20,6 +22,7 @@ from proxy.store import StoreError, upgrade
 
 from . import dbs
 from .conftest import reserved_port
+from .dbs import sqlite_url
 from .tcprelay import TcpRelay
 
 pg_url = dbs.pg_url  # fixture
@@ -91,3 +94,28 @@ async def test_inside_serve_the_console_starts_while_the_database_is_down(pg_url
             status, _, body = await _get(console + "/api/exchanges")
             assert status == 200, body
             assert (await _get(console + "/"))[0] == 200
+
+
+async def test_inside_serve_the_console_starts_before_the_schema_is_made(pg_url: str) -> None:
+    """PostgreSQL answered just after the recorder found it down, and the recorder is making
+    the schema: the console starts anyway, and answers once the schema is there."""
+    async with _console(pg_url, wait=True) as console:
+        await _says_unavailable(console, "the database at")
+        assert "flightrec db upgrade" in (await _get(console + "/api/exchanges"))[2]
+        await upgrade(pg_url)
+        assert (await _get(console + "/api/exchanges"))[0] == 200
+
+
+async def test_a_query_that_is_wrong_stays_a_500_and_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a database that cannot be used now is a 503: a schema the code does not match (a
+    bug, or a hand-edited database) is the server's error, with its traceback in the log."""
+    db = tmp_path / "flightrec.db"
+    await upgrade(sqlite_url(db))
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE exchanges RENAME COLUMN model TO model_renamed")
+    async with _console(sqlite_url(db), wait=False) as console:
+        status, _, body = await _get(console + "/api/exchanges")
+    assert status == 500, body
+    assert "no such column" in caplog.text

@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 
-from proxy.store import StoreError, create_engine, downgrade, upgrade
+from proxy.store import StoreError, Unreachable, check_connection, create_engine, downgrade, upgrade
 from proxy.store.migrate import current, head, scripts_dir
 from proxy.store.tables import metadata
 
@@ -99,8 +99,45 @@ async def test_processes_upgrading_at_once_do_not_collide(pg_url: str) -> None:
 
 async def test_unreachable_database_is_one_clear_error() -> None:
     url = "postgresql+asyncpg://nobody@127.0.0.1:9/none"
-    with pytest.raises(StoreError, match=r"cannot connect to the database at .*127\.0\.0\.1:9"):
+    with pytest.raises(Unreachable, match=r"cannot connect to the database at .*127\.0\.0\.1:9"):
         await upgrade(url)
+
+
+async def _connect_error(url: str) -> StoreError:
+    engine = create_engine(url)
+    try:
+        await check_connection(engine)
+    except StoreError as exc:
+        return exc
+    finally:
+        await engine.dispose()
+    raise AssertionError(f"{url} answered")
+
+
+async def test_a_server_that_may_answer_later_is_told_from_one_that_refuses(pg_url: str) -> None:
+    """`serve` waits for the first kind (`Unreachable`) and stops at once for the second."""
+    server = make_url(pg_url)
+    later = [
+        server.set(port=9),  # refused
+        server.set(host="flightrec-no-such-host.invalid"),  # not in DNS (yet)
+        server.set(host=None, query={"host": "/nonexistent"}),  # a Unix socket not made yet
+    ]
+    refused = [
+        server.set(database="flightrec_no_such_database"),
+        server.set(username="flightrec_no_such_role"),
+    ]
+    for url in later:
+        error = await _connect_error(url.render_as_string(hide_password=False))
+        assert isinstance(error, Unreachable), error
+    for url in refused:
+        error = await _connect_error(url.render_as_string(hide_password=False))
+        assert not isinstance(error, Unreachable), error
+    tls = server.update_query_dict({"ssl": "require"}).render_as_string(hide_password=False)
+    try:
+        error = await _connect_error(tls)
+    except AssertionError:
+        pytest.skip("this PostgreSQL speaks TLS: no TLS refusal to try")
+    assert "SSL" in str(error) and not isinstance(error, Unreachable), error
 
 
 async def test_unknown_revision_is_a_store_error(tmp_path: Path) -> None:

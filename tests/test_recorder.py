@@ -179,7 +179,7 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
 
 
 async def test_without_auto_upgrade_a_database_down_at_start_waits_for_its_schema(
-    pg_url: str, tmp_path: Path
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Down at start, `serve`'s recorder starts unready; once PostgreSQL answers, it checks the
     schema and, until someone upgrades it, keeps what it was given and says why."""
@@ -187,24 +187,33 @@ async def test_without_auto_upgrade_a_database_down_at_start_waits_for_its_schem
     relay = TcpRelay()
     port = relay.start(target.host or "127.0.0.1", target.port or 5432)
     relayed = target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
-    await asyncio.to_thread(relay.cut)
-    cfg = config(relayed, tmp_path, auto_upgrade=False)
-    with pytest.raises(StoreError, match="cannot connect"):
-        await open_recorder(cfg)  # not for `serve`: it must not wait
-    recorder = await open_recorder(cfg, wait_for_database=True)
-    recorder.retry_min, recorder.retry_max = 0.05, 0.3
-    assert "cannot connect" in (recorder.readiness() or "")
-    assert not recorder.database_up()
-    sent = [chat_exchange() for _ in range(3)]
-    for ex in sent:
-        recorder.record(ex)
-    await asyncio.to_thread(relay.resume)
-    await wait_until(lambda: "flightrec db upgrade" in (recorder.readiness() or ""), within=10)
-    await upgrade(pg_url)
-    await wait_until(recorder.ready, within=10)
-    await wait_until(lambda: not uncommitted(recorder), within=10)
-    await recorder.close()
-    relay.close()
+    try:
+        await asyncio.to_thread(relay.cut)
+        cfg = config(relayed, tmp_path, auto_upgrade=False)
+        with pytest.raises(StoreError, match="cannot connect"):
+            await open_recorder(cfg)  # not for `serve`: it must not wait
+        recorder = await open_recorder(cfg, wait_for_database=True)
+        try:
+            recorder.retry_min, recorder.retry_max = 0.05, 0.3
+            assert "cannot connect" in (recorder.readiness() or "")
+            assert not recorder.database_up()
+            sent = [chat_exchange() for _ in range(3)]
+            for ex in sent:
+                recorder.record(ex)
+            await asyncio.to_thread(relay.resume)
+
+            def says_upgrade() -> bool:
+                return "flightrec db upgrade" in (recorder.readiness() or "")
+
+            await wait_until(says_upgrade, within=10)
+            assert "database not ready" in caplog.text and "db upgrade" in caplog.text
+            await upgrade(pg_url)
+            await wait_until(recorder.ready, within=10)
+            await wait_until(lambda: not uncommitted(recorder), within=10)
+        finally:
+            await recorder.close()
+    finally:
+        relay.close()
     await assert_stored_once(pg_url, sent)
 
 

@@ -583,6 +583,7 @@ def test_the_whole_events_of_a_piece(piece: bytes, ahead: int) -> None:
         # the JSON going on in a later data line between the key and its colon
         (b'data: {"choices":[],"usage"\r\ndata: :{"t":1}}\r\n\r\n', b""),
         (b'data: {"choices":[],"usage"\nevent: m\n: c\ndata: :{"t":1}}\n\n', b""),
+        (b'data: {"choices":[],"usage" \nevent: null\ndata: :{"t":1}}\n\n', b""),
     ],
 )
 def test_usage_events_cut_from_whole_events(events: bytes, out: bytes) -> None:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from ..store.engine import StoreError, Unreachable, create_engine, describe, gone
+from ..store.engine import StoreError, create_engine, describe, gone
 from ..store.read import check_readable, require_sqlite_file
 from . import api, pages
 from .state import CONSOLE, state
@@ -35,10 +35,10 @@ async def open_database(app: web.Application) -> AsyncIterator[None]:
     try:
         try:
             await check_readable(engine)
-        except Unreachable as exc:
+        except StoreError as exc:  # inside serve, the recorder may be making the schema now
             if not console.waits_for_database:
                 raise
-            log.warning("%s: the console says so until it answers", exc)
+            log.warning("%s: the console says so until the database can be read", exc)
             console.unchecked = True
         yield
     finally:
@@ -48,19 +48,26 @@ async def open_database(app: web.Application) -> AsyncIterator[None]:
 
 @web.middleware
 async def unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """503 with the reason while the database cannot be read."""
+    """503 with the reason while the database cannot be read; one warning per reason."""
     console = state(request)
     try:
         if console.unchecked and not request.path.startswith(_NO_DATABASE):
             await check_readable(console.db())
             console.unchecked = False
-        return await handler(request)
+        response = await handler(request)
     except StoreError as exc:  # only `check_readable`'s: handlers' are answered inside
         reason = str(exc)
     except Exception as exc:
-        if not gone(exc):
-            raise
+        transport = request.transport
+        if not gone(exc) or transport is None or transport.is_closing():
+            raise  # a bug (aiohttp logs it, a 500), or the client is gone
         reason = describe(exc)
+    else:
+        console.unavailable = None
+        return response
+    if reason != console.unavailable:
+        log.warning("console: database unavailable: %s", reason)
+        console.unavailable = reason
     message = f"database unavailable: {reason}"
     if request.path.startswith("/api/"):
         return api.error(503, message, "database_unavailable", None)

@@ -23,7 +23,9 @@ class Console:
     waits_for_database: bool = False
     """Starts even while the database does not answer (inside `serve`)."""
     unchecked: bool = False
-    """The database did not answer at start: checked on each request until it does."""
+    """The database could not be read at start: checked on each request until it can."""
+    unavailable: str | None = None
+    """Why the database could not be read for the last request (logged once per reason)."""
 
     @property
     def token(self) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import sqlite3
 from typing import Any
 
@@ -38,11 +39,27 @@ class StoreError(Exception):
 
 class Unreachable(StoreError):
     """The database server did not answer (refused, name not found, timed out, starting up):
-    unlike a wrong password or a missing database, it may answer a moment later."""
+    unlike a wrong password, a missing database or a TLS failure, it may answer later."""
 
 
-_STARTING_UP = "57P03"
-"""PostgreSQL's SQLSTATE for `cannot_connect_now` (the server is starting or shutting down)."""
+_ABSENT = (
+    ConnectionRefusedError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    BrokenPipeError,
+    TimeoutError,
+    FileNotFoundError,  # a Unix socket the server has not made yet
+    socket.gaierror,  # a host name not in DNS yet (a container starting beside this one)
+)
+"""A server that is not there, or not yet. Other OSErrors (TLS among them) are refusals."""
+_SQLSTATES_LATER = ("08", "57P01", "57P02", "57P03")
+"""PostgreSQL: connection exceptions; shutting down, crashed, starting up."""
+_SQLITE_LATER = (
+    "database is locked",
+    "database table is locked",
+    "unable to open database file",
+    "disk i/o error",
+)
 
 
 def safe_url(url: str) -> str:
@@ -145,27 +162,20 @@ async def check_connection(engine: AsyncEngine) -> None:
         # Drivers raise their own types here (OSError, asyncpg's, sqlite3's, timeouts): all of
         # them mean the same thing to the user.
         where = engine.url.render_as_string(hide_password=True)
-        error = Unreachable if _may_answer_later(exc) else StoreError
+        error = Unreachable if gone(exc) else StoreError
         raise error(f"cannot connect to the database at {where}: {describe(exc)}") from None
 
 
-def _may_answer_later(exc: BaseException) -> bool:
-    """Whether a failure to connect is the server's absence rather than a refusal."""
-    inner = _innermost(exc)
-    return isinstance(inner, OSError) or getattr(inner, "sqlstate", None) == _STARTING_UP
-
-
 def gone(exc: BaseException) -> bool:
-    """Whether `exc`, raised by a query, says the database cannot be used right now (down,
-    unreachable, the connection lost, locked past the busy timeout), not that the query or the
-    data is wrong."""
+    """Whether `exc`, raised connecting or by a query, says the database cannot be used now
+    but may be later (down, unreachable, the connection lost, SQLite locked past the busy
+    timeout), not that the query, the data, the credentials or TLS are wrong."""
     inner = _innermost(exc)
-    sqlstate = str(getattr(inner, "sqlstate", None) or "")
-    return (
-        isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError)
-        or isinstance(inner, OSError)
-        or sqlstate.startswith(("08", "57P"))  # connection exception, operator intervention
-    )
+    if isinstance(inner, _ABSENT):
+        return True
+    if isinstance(inner, sqlite3.OperationalError):
+        return str(inner).lower().startswith(_SQLITE_LATER)
+    return str(getattr(inner, "sqlstate", None) or "").startswith(_SQLSTATES_LATER)
 
 
 def _innermost(exc: BaseException) -> BaseException:
