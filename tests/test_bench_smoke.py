@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from bench import __main__ as bench_main
-from bench import load, procs, report
+from bench import first_byte, load, procs, report
 from bench.__main__ import RESTARTS, Plan, alive, paired_groups, quiet_machine, run
 from bench.upstream import MockProtocol
 
@@ -199,3 +199,27 @@ async def test_a_target_that_refuses_costs_only_its_own_requests() -> None:
     assert (answered["ok"], answered["errors"]) == (20, 0)
     assert (refused["ok"], refused["errors"]) == (0, 20)
     assert refused["error_kinds"] == {"ConnectionRefusedError": 20}
+
+
+def test_first_byte_reports_each_process_and_each_checkout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [
+        {"relay": 0.5, "this-0": 0.6, "this-1": 0.62, "base-0": 0.7},
+        {"relay": 0.4, "this-0": 0.5, "this-1": 0.54, "base-0": 0.52},
+        {"relay": 0.5, "this-0": 0.58, "this-1": 0.6, "base-0": 0.66},
+    ]
+    lines = first_byte.report(rows, ["this-0", "this-1", "base-0"])
+    assert lines == [
+        "this-0: +0.100 ms over the relay",
+        "this-1: +0.120 ms over the relay",
+        "base-0: +0.160 ms over the relay",
+        "base (mean of 1): +0.160 ms",
+        "this (mean of 2): +0.110 ms",
+    ]
+    # And for real, at a toy size: the relay, one process of this checkout and one of a base.
+    assert first_byte.main(["--processes", "1", "--base", str(procs.ROOT), "--rounds", "1",
+                            "--seconds", "1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("round 1: relay 0.")
+    assert out[-1].startswith("this (mean of 1): +") or out[-1].startswith("this (mean of 1): -")
