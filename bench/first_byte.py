@@ -1,14 +1,16 @@
 """The first byte of a short stream through several processes of each checkout.
 
-    python -m bench.first_byte [--processes 3] [--base DIR] [--gap-ms 5] [--rounds 7]
+    python -m bench.first_byte [--processes 3] [--base DIR] [--gap-ms 5 | --back-to-back]
 
 The bench's `ttfb-gap` runs one process of each target, and the same code in two processes
 reads up to ~0.03 ms apart (docs/performance.md, *The process, not the slot*): too much for a
 difference of a few hundredths of a millisecond. This starts the mock upstream, the bare relay
 and `--processes` of `flightrec serve` from this checkout (and as many from `--base`), then
 sends one client's short streams (8 chunks and the usage event at once) to all of them in a
-shuffled order, `--gap-ms` after each, for `--rounds` rounds. It prints each process's first
-byte p50 over the relay's, per round and as the median over rounds, and each checkout's mean.
+shuffled order, `--gap-ms` after each (or, `--back-to-back`, to each process alone in turn
+with no pause, as the bench's `ttfb-b2b`), for `--rounds` rounds. It prints each process's
+first byte p50 over the relay's, per round and as the median over rounds, and each
+checkout's mean.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=3, help="of each checkout")
     parser.add_argument("--base", type=Path, help="another checkout, measured beside this one")
     parser.add_argument("--gap-ms", type=float, default=5.0, help="pause after each stream")
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="each process alone in turn, streams back to back (the bench's ttfb-b2b)",
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=8.0, help="per round")
     parser.add_argument("--chunks", type=int, default=8, help="of each stream, sent at once")
@@ -52,6 +59,8 @@ def targets(args: argparse.Namespace, upstream: str, work: Path) -> list[procs.T
 def one_round(found: list[procs.Target], args: argparse.Namespace, turn: int) -> dict[str, float]:
     """Each target's first-byte p50 (ms) in one round; the order rotates with `turn`."""
     order = found[turn % len(found) :] + found[: turn % len(found)]
+    if args.back_to_back:
+        return {target.name: _alone(target, args) for target in order}
     command: dict[str, Any] = {
         "ports": [target.port for target in order],
         "path": "/v1/chat/completions",
@@ -65,6 +74,20 @@ def one_round(found: list[procs.Target], args: argparse.Namespace, turn: int) ->
     }
     results = asyncio.run(load.paired_loop(command))["results"]
     return {target.name: float(r["ttfb_p50_ms"]) for target, r in zip(order, results, strict=True)}
+
+
+def _alone(target: procs.Target, args: argparse.Namespace) -> float:
+    command: dict[str, Any] = {
+        "port": target.port,
+        "path": "/v1/chat/completions",
+        "stream": True,
+        "concurrency": 1,
+        "warmup": 50,
+        "requests": 10**9,
+        "seconds": args.seconds,
+        "pids": target.pids,
+    }
+    return float(asyncio.run(load.closed_loop(command))["ttfb_p50_ms"])
 
 
 def report(rows: list[dict[str, float]], names: list[str]) -> list[str]:
