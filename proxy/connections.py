@@ -75,12 +75,14 @@ class _Handler(RequestHandler):
         self._start_header_clock()
 
     def data_received(self, data: bytes) -> None:
-        if self._header_deadline is None and self._waiting_for_request():
-            self._start_header_clock()  # the first byte of the next request
         parsed = self._request_count
         super().data_received(data)
         if self._request_count > parsed:
             self._stop_header_clock()
+        elif self._header_deadline is None and self._waiting_for_request():
+            # The first bytes of the next request, its headers not all here: a request
+            # whose headers come whole (nearly every one) never needs a timer.
+            self._start_header_clock()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_header_clock()
