@@ -262,6 +262,9 @@ class StreamTee:
         self._final_event(reader, delivered)
         if drops is None or self._withholder is None:
             return piece
+        if delivered is not None:  # whole events, cut and written already: nothing to release
+            self._withholder.passed(reader.settled)
+            return piece
         return self._withholder.release(piece, drops, reader.settled)
 
     def _delivered_now(self, data: bytes) -> None:

@@ -157,6 +157,13 @@ class Withholder:
         out += self._take(safe)
         return without_null_usage(bytes(out))
 
+    def passed(self, upto: int) -> None:
+        """The bytes up to stream offset `upto` went to the client another way (whole events,
+        `without_usage_events`): none of them is held any longer."""
+        del self._held[: upto - self._base]
+        self._base = upto
+        self._skip_lf = False  # such bytes end with an LF
+
     def _take(self, upto: int) -> bytes:
         n = upto - self._base
         if n <= 0:
