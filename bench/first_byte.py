@@ -1,16 +1,17 @@
 """The first byte of a short stream through several processes of each checkout.
 
-    python -m bench.first_byte [--processes 3] [--base DIR] [--gap-ms 5 | --back-to-back]
+    python -m bench.first_byte [--processes 3] [--base DIR] [--gap-ms 5] [--alone]
 
 The bench's `ttfb-gap` runs one process of each target, and the same code in two processes
 reads up to ~0.03 ms apart (docs/performance.md, *The process, not the slot*): too much for a
 difference of a few hundredths of a millisecond. This starts the mock upstream, the bare relay
 and `--processes` of `flightrec serve` from this checkout (and as many from `--base`), then
 sends one client's short streams (8 chunks and the usage event at once) to all of them in a
-shuffled order, `--gap-ms` after each (or, `--back-to-back`, to each process alone in turn
-with no pause, as the bench's `ttfb-b2b`), for `--rounds` rounds. It prints each process's
-first byte p50 over the relay's, per round and as the median over rounds, and each
-checkout's mean.
+shuffled order, `--gap-ms` after each, for `--rounds` rounds; with `--alone`, to each process
+alone in turn, `--gap-ms` after each (0: back to back, as the bench's `ttfb-b2b`). Alternated,
+a process waits for the others too, so its pause grows with their number: compare checkouts
+in one run. It prints each process's first byte p50 over the relay's, per round and as the
+median over rounds, and each checkout's mean.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--base", type=Path, help="another checkout, measured beside this one")
     parser.add_argument("--gap-ms", type=float, default=5.0, help="pause after each stream")
     parser.add_argument(
-        "--back-to-back",
+        "--alone",
         action="store_true",
-        help="each process alone in turn, streams back to back (the bench's ttfb-b2b)",
+        help="each process alone in turn (--gap-ms 0: back to back, the bench's ttfb-b2b)",
     )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=8.0, help="per round")
@@ -59,7 +60,7 @@ def targets(args: argparse.Namespace, upstream: str, work: Path) -> list[procs.T
 def one_round(found: list[procs.Target], args: argparse.Namespace, turn: int) -> dict[str, float]:
     """Each target's first-byte p50 (ms) in one round; the order rotates with `turn`."""
     order = found[turn % len(found) :] + found[: turn % len(found)]
-    if args.back_to_back:
+    if args.alone:
         return {target.name: _alone(target, args) for target in order}
     command: dict[str, Any] = {
         "ports": [target.port for target in order],
@@ -82,6 +83,7 @@ def _alone(target: procs.Target, args: argparse.Namespace) -> float:
         "path": "/v1/chat/completions",
         "stream": True,
         "concurrency": 1,
+        "gap_ms": args.gap_ms,
         "warmup": 50,
         "requests": 10**9,
         "seconds": args.seconds,
