@@ -60,6 +60,7 @@ _SQLITE_LATER = (
     "unable to open database file",
     "disk i/o error",
 )
+"""SQLite: locked past the busy timeout, or its file out of reach for now."""
 
 
 def safe_url(url: str) -> str:
