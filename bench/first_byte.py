@@ -8,10 +8,12 @@ difference of a few hundredths of a millisecond. This starts the mock upstream, 
 and `--processes` of `flightrec serve` from this checkout (and as many from `--base`), then
 sends one client's short streams (8 chunks and the usage event at once) to all of them in a
 shuffled order, `--gap-ms` after each, for `--rounds` rounds; with `--alone`, to each process
-alone in turn, `--gap-ms` after each (0: back to back, as the bench's `ttfb-b2b`). Alternated,
-a process waits for the others too, so its pause grows with their number: compare checkouts
-in one run. It prints each process's first byte p50 over the relay's, per round and as the
-median over rounds, and each checkout's mean.
+alone in turn, `--gap-ms` after each (0: back to back, as the bench's `ttfb-b2b`; noisier,
+the relay being measured once a round, seconds from some of the processes). Alternated, a
+process waits for the others too, so its pause grows with their number: compare checkouts in
+one run. It prints each round's first-byte p50s, then each process's p50 over the relay's (the
+median over rounds of the difference in a round) and each checkout's mean. A target with
+failed requests stops the run.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def one_round(found: list[procs.Target], args: argparse.Namespace, turn: int) ->
         "pids": [pid for target in found for pid in target.pids],
     }
     results = asyncio.run(load.paired_loop(command))["results"]
-    return {target.name: float(r["ttfb_p50_ms"]) for target, r in zip(order, results, strict=True)}
+    return {target.name: _p50(target, r) for target, r in zip(order, results, strict=True)}
 
 
 def _alone(target: procs.Target, args: argparse.Namespace) -> float:
@@ -89,7 +91,14 @@ def _alone(target: procs.Target, args: argparse.Namespace) -> float:
         "seconds": args.seconds,
         "pids": target.pids,
     }
-    return float(asyncio.run(load.closed_loop(command))["ttfb_p50_ms"])
+    return _p50(target, asyncio.run(load.closed_loop(command)))
+
+
+def _p50(target: procs.Target, result: dict[str, Any]) -> float:
+    """The first-byte p50 of a target's result; a measure with failed requests is none."""
+    if result.get("errors") or "ttfb_p50_ms" not in result:
+        raise SystemExit(f"{target.name}: requests failed: {result.get('error_kinds')}")
+    return float(result["ttfb_p50_ms"])
 
 
 def report(rows: list[dict[str, float]], names: list[str]) -> list[str]:

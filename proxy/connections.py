@@ -1,9 +1,11 @@
 """What the proxy allows a client connection, where aiohttp's server sets no limit of its own.
 
 - `client_header_timeout`: a connection must deliver a request's complete headers within this
-  many seconds of connecting, or of the first byte of a later request on a kept-alive
-  connection; otherwise it is closed. A slowloris (headers a byte at a time) or a connection
-  that never sends anything holds its slot no longer than that.
+  many seconds of connecting, or of the first bytes of a later request that reach an idle
+  kept-alive connection; otherwise it is closed. A slowloris (headers a byte at a time) or a
+  connection that never sends anything holds its slot no longer than that. (The start of a
+  request pipelined in the same read as the one before it is timed from the next bytes that
+  arrive, or else by `keepalive_timeout`.)
 - `keepalive_timeout`: an idle kept-alive connection is closed after this many seconds
   without a new request (aiohttp's own timer; its default is an hour).
 - A malformed request (bad request line, headers too large or conflicting) gets a 400, or a

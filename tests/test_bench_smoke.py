@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -221,5 +222,9 @@ def test_first_byte_reports_each_process_and_each_checkout(
     assert first_byte.main(["--processes", "1", "--base", str(procs.ROOT), "--rounds", "1",
                             "--seconds", "1"]) == 0  # fmt: skip
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("round 1: relay 0.")
-    assert out[-1].startswith("this (mean of 1): +") or out[-1].startswith("this (mean of 1): -")
+    assert re.match(r"round 1: relay \d+\.\d{3}  this-0 \d+\.\d{3}  base-0 \d+\.\d{3}$", out[0])
+    assert re.match(r"this \(mean of 1\): [+-]\d+\.\d{3} ms$", out[-1])
+    # Each process alone in turn.
+    assert first_byte.main(["--processes", "1", "--alone", "--rounds", "1", "--seconds", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert re.match(r"round 1: relay \d+\.\d{3}  this-0 \d+\.\d{3}$", out[0])
