@@ -33,10 +33,13 @@ _NULL_MEMBER = b',"usage":null'
 """The `"usage":null` member as OpenAI spells it, in every chunk but the usage event."""
 
 
-def _may_escape(events: bytes) -> bool:
-    """Whether `events` may spell a key with escapes; the one-byte search first, as it is
-    far cheaper than the four-byte one (docs/performance.md)."""
-    return b"\\" in events and _ESCAPE in events
+def _first_key(events: bytes) -> int:
+    """Where the first usage key in `events` may be: 0 when one may be spelled with escapes
+    (a one-byte search first, far cheaper than the four-byte one: docs/performance.md), -1
+    when there is none."""
+    if b"\\" in events and _ESCAPE in events:
+        return 0
+    return events.find(b'"usage"')
 
 
 def holds_usage(piece: bytes) -> bool:
@@ -67,7 +70,7 @@ def without_usage_events(events: bytes) -> bytes:
     spelled with escapes), and only the events holding one are parsed, each alone. `events`
     do not start as a byte order mark might (`may_start_with_bom`)."""
     events = events.replace(_NULL_MEMBER, b"")
-    first = 0 if _may_escape(events) else events.find(b'"usage"')
+    first = _first_key(events)
     if first < 0:
         return events
     kept: list[bytes] = []
@@ -129,7 +132,7 @@ def without_null_usage(events: bytes) -> bytes:
 
 def _without_other_null_usage(events: bytes) -> bytes:
     """`without_null_usage` once OpenAI's spelling (`_NULL_MEMBER`) is gone."""
-    if b'"usage"' in events or _may_escape(events):  # another spelling (or a usage object)
+    if _first_key(events) >= 0:  # another spelling (or a usage object, which stays)
         events = _NULL_USAGE.sub(b"", events)
     return events
 
