@@ -236,7 +236,7 @@ def build_targets(
             counts = work / "flightrec-memory.counts.json"
             argv = [sys.executable, "-m", "bench.procs", "flightrec-memory", "--port", str(port)]
             argv += ["--upstream", upstream, "--count-file", str(counts)]
-            about = "flightrec via proxy.app.run, recorder keeps counts only (no database)"
+            about = "flightrec via proxy.serve.run, recorder keeps counts only (no database)"
             target = Target(name, about, argv, port, cwd=str(HERE.parent), ready_path="/healthz")
             target.record_counter = lambda path=counts: procs.read_counts(path)
         elif name in ("flightrec-sqlite", "base-sqlite"):

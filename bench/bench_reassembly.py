@@ -36,8 +36,8 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.lib.streaming.chat._completions import _is_valid_chat_completion_chunk_weak
 from openai.types.chat import ChatCompletionChunk
 
-from proxy.assemble import ChatAssembler
-from proxy.sse import SSEParser
+from proxy.stream.chat import ChatAssembler
+from proxy.stream.sse import SSEParser
 
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures" / "openai-python"
 GOAL_US, GOAL_RATIO = 10.0, 20.0

@@ -27,9 +27,9 @@ import orjson
 from sqlalchemy.engine import make_url
 
 from proxy.config import Config
-from proxy.dbrecorder import DatabaseRecorder
 from proxy.exchange import Exchange
 from proxy.store import upgrade
+from proxy.store.recorder import DatabaseRecorder
 
 GOALS = {"plain": 3000, "logprobs": 300}
 

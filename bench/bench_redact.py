@@ -24,10 +24,10 @@ from dataclasses import replace
 
 from proxy.config import Config, ConfigError
 from proxy.exchange import Exchange
-from proxy.keep import Keep
-from proxy.rawcopy import compress_whole
-from proxy.redact import PRESETS, parse_rules
+from proxy.privacy.keep import Keep
+from proxy.privacy.redact import PRESETS, parse_rules
 from proxy.store.rows import rows_for
+from proxy.stream.rawcopy import compress_whole
 
 from .bench_record import exchange
 from .upstream import stream_events

@@ -7,7 +7,7 @@ children left in cutime + cstime), so multi-process targets (nginx workers, uvic
 whole. RSS is VmRSS summed over the same tree.
 
 `python -m bench.procs flightrec-memory --port P --upstream URL --count-file F` runs flightrec
-through `proxy.app.run` with an in-memory recorder that only counts what it is given: the
+through `proxy.serve.run` with an in-memory recorder that only counts what it is given: the
 "recording cost" baseline (everything flightrec does except writing to a database).
 """
 
@@ -203,7 +203,7 @@ def _launch_flightrec_memory(port: int, upstream: str, count_file: Path) -> None
 
     from proxy.config import Config, Upstream
     from proxy.exchange import Exchange
-    from proxy.recorder import MemoryRecorder
+    from proxy.sinks.fanout import MemoryRecorder
 
     class CountingRecorder(MemoryRecorder):
         """A MemoryRecorder that keeps counts, not exchanges, so a long bench does not grow
@@ -238,7 +238,7 @@ def _launch_flightrec_memory(port: int, upstream: str, count_file: Path) -> None
                 self._write()
                 await asyncio.sleep(0.2)
 
-    from proxy.app import run
+    from proxy.serve import run
 
     upstreams = (Upstream("openai", upstream, "/v1"),)
     config = Config(port=port, console_port=0, upstreams=upstreams)  # no database: no console

@@ -24,11 +24,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.keys import APP_SINKS
-from proxy.recorder import MemoryRecorder
-from proxy.redact import PRESETS, parse_rules
+from proxy.privacy.redact import PRESETS, parse_rules
+from proxy.relay.app import build_app, make_runner
+from proxy.relay.appkeys import APP_SINKS
+from proxy.sinks.fanout import MemoryRecorder
 
 ANSWER = orjson.dumps(
     {

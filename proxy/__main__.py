@@ -1,3 +1,3 @@
-from .cli import main
+from proxy.cli.main import main
 
 main()

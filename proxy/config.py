@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .redact import RedactRule, parse_rules
+from proxy.privacy.redact import RedactRule, parse_rules
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
@@ -97,7 +97,7 @@ class Config:
     otlp_content: bool = False
     store_bodies: str = "full"
     redact: tuple[RedactRule, ...] = ()
-    """`[[redact]]` rules, in order (`proxy.redact`)."""
+    """`[[redact]]` rules, in order (`proxy.privacy.redact`)."""
     retention_days: int = 0
     """Exchanges older than this many days are pruned (usage and cost kept in rollups); 0:
     kept forever."""
@@ -272,7 +272,7 @@ about a value given by flag name the flag the user typed. A command whose flags 
 console's `--host` sets `console_host`) passes its own to `load`."""
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
 REDACT_KEYS = ("name", "preset", "pattern", "replace")
-"""Fields of a `[[redact]]` table (`proxy.redact.parse_rules` checks them)."""
+"""Fields of a `[[redact]]` table (`proxy.privacy.redact.parse_rules` checks them)."""
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
@@ -312,7 +312,7 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
 
 def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
     """The `[prices.*]` tables, checked now by building the price table they make."""
-    from .pricing import PriceTable  # the shipped table is read only when prices are given
+    from proxy.pricing import PriceTable  # the shipped table is read only when prices are given
 
     if not isinstance(raw, dict):
         raise ConfigError('prices: expected tables of prices ([prices."<model>"])')

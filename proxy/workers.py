@@ -22,9 +22,9 @@ import tempfile
 from dataclasses import replace
 from types import FrameType
 
-from .config import Config
-from .logs import log_to_stderr
-from .metrics import MULTIPROC_ENV, worker_gone
+from proxy.config import Config
+from proxy.logs import log_to_stderr
+from proxy.sinks.metrics import MULTIPROC_ENV, worker_gone
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def worker_config(config: Config, index: int) -> Config:
 
 
 def _worker(config: Config, index: int) -> None:
-    from .app import run  # imported in the child process
+    from proxy.serve import run  # imported in the child process
 
     log_to_stderr(config.log_level, prefix=f"worker-{index} ")
     asyncio.run(run(worker_config(config, index), reuse_port=True))
@@ -52,7 +52,7 @@ def _worker(config: Config, index: int) -> None:
 def supervise(config: Config) -> int:
     """Run `config.workers` worker processes until a signal stops them; returns the exit code."""
     if config.auto_upgrade:
-        from .store import Unreachable, upgrade  # only serve needs the database
+        from proxy.store import Unreachable, upgrade  # only serve needs the database
 
         try:
             asyncio.run(upgrade(config.db_url))

@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from hypothesis import settings
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.recorder import MemoryRecorder
+from proxy.relay.app import build_app, make_runner
+from proxy.sinks.fanout import MemoryRecorder
 
 from .streamgen import chunks_to_sse, completion_to_chunks
 

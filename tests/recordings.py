@@ -19,10 +19,10 @@ import orjson
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
+from proxy.store.recorder import DatabaseRecorder
 
 from .conftest import FakeUpstream, completion, start_site
 from .streamgen import chunks_to_sse, completion_to_chunks

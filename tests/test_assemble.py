@@ -14,8 +14,8 @@ from openai._models import construct_type
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from proxy.assemble import ChatAssembler
-from proxy.sse import SSEParser
+from proxy.stream.chat import ChatAssembler
+from proxy.stream.sse import SSEParser
 
 from .conftest import CAPTURES, captures
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.assemble_other import CompletionAssembler, ResponsesAssembler
+from proxy.stream.responses import CompletionAssembler, ResponsesAssembler
 
 from .conftest import FakeUpstream, RunningProxy, Sdk
 

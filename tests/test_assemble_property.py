@@ -9,8 +9,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.assemble import ChatAssembler
-from proxy.sse import SSEParser
+from proxy.stream.chat import ChatAssembler
+from proxy.stream.sse import SSEParser
 
 from .streamgen import chunks_to_sse, completion_to_chunks, completions, cut_bytes
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from proxy.cli import main
+from proxy.cli.main import main
 
 USAGE_ERRORS = [
     (["serve", "--bogus"], "No such option '--bogus'"),

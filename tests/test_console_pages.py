@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from proxy.config import ConfigError
-from proxy.redact import parse_rules
+from proxy.privacy.redact import parse_rules
 
 from .console_data import BIG, Seeded, console_app, seeded_client, write
 from .dbs import chat_exchange, sqlite_url

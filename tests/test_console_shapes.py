@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.app import build_app, make_runner
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
+from proxy.store.recorder import DatabaseRecorder
 
 from .conftest import start_site
 from .console_data import HOSTILE, console_app

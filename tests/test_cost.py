@@ -22,12 +22,12 @@ from click.testing import CliRunner
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy import config as config_mod
-from proxy.app import build_app, make_runner
-from proxy.cli import main
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.cli.main import main
 from proxy.exchange import Exchange
+from proxy.relay.app import build_app, make_runner
 from proxy.store import create_engine, upgrade
 from proxy.store.filters import Filters
+from proxy.store.recorder import DatabaseRecorder
 from proxy.store.report import cost_report, total, usd
 
 from . import dbs

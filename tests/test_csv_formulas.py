@@ -10,8 +10,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from proxy.cli import main
-from proxy.export import CSV_COLUMNS, csv_row
+from proxy.cli.main import main
+from proxy.tools.export import CSV_COLUMNS, csv_row
 
 from .dbs import chat_exchange, recorded, sqlite_url
 

@@ -14,11 +14,11 @@ import pytest
 from haralyzer import HarParser  # type: ignore[import-untyped]
 
 from proxy.exchange import Exchange
-from proxy.export import CSV_COLUMNS, export
 from proxy.store import upgrade
 from proxy.store.filters import Filters
 from proxy.store.read import get_exchange, reading
 from proxy.store.scan import stream_records
+from proxy.tools.export import CSV_COLUMNS, export
 
 from . import dbs
 from .conftest import FakeUpstream

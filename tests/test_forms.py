@@ -8,7 +8,7 @@ from aiohttp import payload
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.forms import MAX_FIELD_BYTES, form_fields
+from proxy.relay.forms import MAX_FIELD_BYTES, form_fields
 
 NAMES = ("model", "stream", "user")
 

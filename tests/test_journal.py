@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from proxy.dbrecorder import PG_WRITE_COMMAND_TIMEOUT, STALLED_AFTER
 from proxy.store import upgrade
 from proxy.store.journal import Journal
 from proxy.store.lines import encode
+from proxy.store.recorder import PG_WRITE_COMMAND_TIMEOUT, STALLED_AFTER
 
 from . import dbs, test_recorder
 from .conftest import until as wait_until
@@ -43,7 +43,7 @@ CHILD = """
 import asyncio, sys
 from dataclasses import replace
 from proxy.config import Config
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.store.recorder import DatabaseRecorder
 from tests.dbs import chat_exchange
 
 async def main(url: str, spool: str, count: int) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
+from proxy.store.recorder import DatabaseRecorder
 
 from .conftest import FakeUpstream, reserved_port, start_site
 from .conftest import until as wait_until

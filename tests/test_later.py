@@ -10,11 +10,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.keys import APP_LATER
-from proxy.later import Later
-from proxy.recorder import MemoryRecorder
+from proxy.relay.app import build_app, make_runner
+from proxy.relay.appkeys import APP_LATER
+from proxy.relay.deferred import Later
+from proxy.sinks.fanout import MemoryRecorder
 
 from .conftest import FakeUpstream, _serve, until
 
@@ -58,7 +58,7 @@ async def test_a_failing_piece_of_work_does_not_cost_the_rest(
     later.add(done.append, 1)
     later.add(broken)
     later.add(done.append, 2)
-    with caplog.at_level(logging.ERROR, logger="proxy.later"):
+    with caplog.at_level(logging.ERROR, logger="proxy.relay.deferred"):
         await until(lambda: len(later) == 0)
     assert done == [1, 2]
     assert "deferred work" in caplog.text and "RuntimeError: bug" in caplog.text

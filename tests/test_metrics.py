@@ -20,12 +20,12 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
 from proxy.console import build_console
-from proxy.dbrecorder import DatabaseRecorder
-from proxy.metrics import MetricsSink
+from proxy.relay.app import build_app, make_runner
+from proxy.sinks.metrics import MetricsSink
 from proxy.store.migrate import upgrade
+from proxy.store.recorder import DatabaseRecorder
 
 from .conftest import FakeUpstream, Sdk, completion, reserved_port, start_site, wait_until_up
 

@@ -20,12 +20,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from proxy import otlp
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.metrics import MetricsSink
-from proxy.otlp import OtlpExporter
-from proxy.recorder import MemoryRecorder
+from proxy.relay.app import build_app, make_runner
+from proxy.sinks import otlp
+from proxy.sinks.fanout import MemoryRecorder
+from proxy.sinks.metrics import MetricsSink
+from proxy.sinks.otlp import OtlpExporter
 
 from .conftest import FakeUpstream, Sdk, completion, reserved_port, start_site, until
 from .test_metrics import USAGE
@@ -232,7 +232,7 @@ async def test_a_collector_that_is_down_costs_spans_not_requests(
     monkeypatch.setattr(otlp, "INTERVAL", 0.05)
     with reserved_port() as port:  # bound, not listening: every export is refused
         base_url, metrics = await proxy_with(otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces")
-        with caplog.at_level(logging.WARNING, logger="proxy.otlp"):
+        with caplog.at_level(logging.WARNING, logger="proxy.sinks.otlp"):
             for _ in range(3):
                 answer = await sdk(base_url, KEY, max_retries=0).chat.completions.create(
                     model="gpt-4o-mini", messages=[]
@@ -240,6 +240,6 @@ async def test_a_collector_that_is_down_costs_spans_not_requests(
                 assert answer.choices[0].message.content
                 await until(lambda: (dropped(metrics) or 0) >= 1, within=10)
             await until(lambda: dropped(metrics) == 3, within=10)
-    warnings = [r for r in caplog.records if r.name == "proxy.otlp"]
+    warnings = [r for r in caplog.records if r.name == "proxy.sinks.otlp"]
     assert len(warnings) == 1  # one warning a minute, not one per export
     assert "did not take" in warnings[0].getMessage()

@@ -18,10 +18,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
+from proxy.store.recorder import DatabaseRecorder
 
 from .conftest import FakeUpstream, RunningProxy, Sdk, reserved_port
 

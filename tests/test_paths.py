@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.paths import mask_query, normalise
+from proxy.relay.paths import mask_query, normalise
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.playback import PlaybackOptions, canonical, playing
 from proxy.store.read import get_exchange, get_raw_stream, list_exchanges, reading
+from proxy.tools.playback import PlaybackOptions, canonical, playing
 
 from . import dbs
 from .conftest import reserved_port, wait_until_up

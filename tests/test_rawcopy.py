@@ -10,8 +10,8 @@ import tracemalloc
 import orjson
 import pytest
 
-from proxy.rawcopy import PLAIN_LIMIT, RawCopy
 from proxy.store.lines import decode
+from proxy.stream.rawcopy import PLAIN_LIMIT, RawCopy
 
 
 def _chunks(count: int, rng: random.Random) -> list[bytes]:

@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import create_engine, upgrade
 from proxy.store.read import get_exchange, list_exchanges, reading
+from proxy.store.recorder import DatabaseRecorder
 
 from . import dbs
 from .conftest import FakeUpstream, Sdk, completion, start_site

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from proxy.config import Config
-from proxy.dbrecorder import DatabaseRecorder, open_recorder
 from proxy.exchange import Exchange
-from proxy.headers import key_identity
+from proxy.relay.headers import key_identity
 from proxy.store import StoreError, create_engine, upgrade
 from proxy.store.lines import decode, encode
+from proxy.store.recorder import DatabaseRecorder, open_recorder
 
 from . import dbs
 from .conftest import until as wait_until
@@ -231,7 +231,7 @@ async def test_a_postgresql_stall_is_logged_once_and_so_is_its_end(
     def said(level: int, text: str) -> int:
         return sum(r.levelno == level and text in r.getMessage() for r in caplog.records)
 
-    with caplog.at_level(logging.INFO, logger="proxy.dbrecorder"):
+    with caplog.at_level(logging.INFO, logger="proxy.store.recorder"):
         recorder.record(sent[0])
         await wait_until(lambda: recorder.ready() and not uncommitted(recorder))
         await asyncio.to_thread(relay.stall)

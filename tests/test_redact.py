@@ -17,12 +17,12 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import keep
 from proxy.config import Config, ConfigError, load
 from proxy.exchange import Exchange
-from proxy.keep import Keep
-from proxy.otlp import SpanBuilder
-from proxy.redact import PRESETS, Hits, Redactor, luhn, parse_rules
+from proxy.privacy import keep
+from proxy.privacy.keep import Keep
+from proxy.privacy.redact import PRESETS, Hits, Redactor, luhn, parse_rules
+from proxy.sinks.otlp import SpanBuilder
 from proxy.store import create_engine
 
 from . import dbs

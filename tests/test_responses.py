@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.assemble_other import ResponsesAssembler
+from proxy.stream.responses import ResponsesAssembler
 
 from .conftest import FakeUpstream, RunningProxy, Sdk
 

@@ -303,13 +303,13 @@ async def test_a_run_that_fails_logs_one_line_and_returns(
     from dataclasses import replace
 
     from proxy.config import Config
-    from proxy.retention import _run_here
+    from proxy.store.retention import _run_here
 
     with reserved_port() as port:  # nothing listens there
         url = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/gone"
         config = replace(Config(), db_url=url, retention_days=7)
-        with caplog.at_level("INFO", logger="proxy.retention"):
+        with caplog.at_level("INFO", logger="proxy.store.retention"):
             await _run_here(config, os.getppid())
-    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.retention"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.store.retention"]
     assert len(lines) == 1 and lines[0].startswith("retention: prune failed ("), lines
     assert lines[0].endswith("next try in 3600s") and "\n" not in lines[0]

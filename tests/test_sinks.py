@@ -12,11 +12,10 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
 from proxy.exchange import Exchange
-from proxy.recorder import MemoryRecorder
-from proxy.sinks import Sinks
+from proxy.relay.app import build_app, make_runner
+from proxy.sinks.fanout import MemoryRecorder, Sinks
 
 from .conftest import FakeUpstream, Sdk, _serve
 
@@ -83,7 +82,7 @@ async def test_every_outcome_reaches_every_sink(
     app = build_app(config, recorder, sinks=[Broken(events), throwaway])
     url, runner = await _serve(app, make_runner(app, config))
     assert events == ["start broken", "start throwaway"]
-    with caplog.at_level(logging.ERROR, logger="proxy.sinks"):
+    with caplog.at_level(logging.ERROR, logger="proxy.sinks.fanout"):
         client = sdk(url + "/v1", KEY, max_retries=0)
         async for _ in await client.chat.completions.create(model="m", messages=[], stream=True):
             pass

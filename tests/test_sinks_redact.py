@@ -17,14 +17,13 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Upstream
 from proxy.exchange import Exchange
-from proxy.keep import Keep
-from proxy.keys import APP_SINKS
-from proxy.recorder import MemoryRecorder
-from proxy.redact import parse_rules
-from proxy.sinks import RecorderSink, Sinks
+from proxy.privacy.keep import Keep
+from proxy.privacy.redact import parse_rules
+from proxy.relay.app import build_app, make_runner
+from proxy.relay.appkeys import APP_SINKS
+from proxy.sinks.fanout import MemoryRecorder, RecorderSink, Sinks
 
 from .conftest import FakeUpstream, _serve
 

@@ -21,8 +21,8 @@ from proxy.store import sqlite_writer, upgrade
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
 from proxy.store.rows import records, rows_for, table_rows
 from proxy.store.sqlite_writer import SqliteWriter, sqlite_null
+from proxy.store.turns import Turns
 from proxy.store.writer import writer_for
-from proxy.turns import Turns
 
 from .dbs import chat_exchange, sqlite_url
 from .test_recorder import assert_stored_once, config, spool_files, started

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import Event, SSEParser
+from proxy.stream.sse import Event, SSEParser
 
 from .conftest import captures
 

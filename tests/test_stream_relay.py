@@ -16,12 +16,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.assemble import ChatAssembler
-from proxy.endpoints import endpoint
 from proxy.exchange import Exchange
-from proxy.later import Later
-from proxy.tee import StreamTee
-from proxy.withhold import whole_events, without_null_usage, without_usage_events
+from proxy.relay.deferred import Later
+from proxy.relay.tee import StreamTee
+from proxy.stream.chat import ChatAssembler
+from proxy.stream.endpoints import endpoint
+from proxy.stream.withhold import whole_events, without_null_usage, without_usage_events
 
 from .conftest import FakeUpstream, RunningProxy, captures
 from .streamgen import chunks_to_sse, completion_to_chunks, cut_bytes

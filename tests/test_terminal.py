@@ -9,10 +9,10 @@ from pathlib import Path
 import orjson
 from click.testing import CliRunner
 
-from proxy.cli import main
-from proxy.compare import compare, render
+from proxy.cli.main import main
 from proxy.store import create_engine
 from proxy.store.read import get_exchange
+from proxy.tools.compare import compare, render
 
 from .dbs import chat_exchange, recorded, sqlite_url
 

@@ -13,10 +13,10 @@ import orjson
 from aiohttp import web
 from click.testing import CliRunner
 
-from proxy.app import build_app, make_runner
-from proxy.cli import main
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.cli.main import main
+from proxy.relay.app import build_app, make_runner
 from proxy.store import create_engine, upgrade
+from proxy.store.recorder import DatabaseRecorder
 from proxy.store.report import cost_report
 from proxy.store.series import cost_series
 

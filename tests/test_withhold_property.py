@@ -16,12 +16,12 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.endpoints import endpoint
 from proxy.exchange import Exchange
-from proxy.later import Later
-from proxy.sse import SSEParser
-from proxy.tee import StreamTee
-from proxy.withhold import without_null_usage
+from proxy.relay.deferred import Later
+from proxy.relay.tee import StreamTee
+from proxy.stream.endpoints import endpoint
+from proxy.stream.sse import SSEParser
+from proxy.stream.withhold import without_null_usage
 
 _TEXT = st.sampled_from(["Hi", "", 'say "usage": {"a":1}', ',"usage":null', "é😀", "a\nb"])
 _SPELL = [

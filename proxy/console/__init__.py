@@ -17,12 +17,12 @@ import jinja2
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..config import Config, ConfigError
-from ..metrics import MetricsSink, registry
-from ..stopping import until_stopped
-from . import api, auth, database, pages
-from .auth import check_bind
-from .state import CONSOLE, Console, state
+from proxy.config import Config, ConfigError
+from proxy.console import api, auth, database, pages
+from proxy.console.auth import check_bind
+from proxy.console.state import CONSOLE, Console, state
+from proxy.sinks.metrics import MetricsSink, registry
+from proxy.stopping import until_stopped
 
 __all__ = ["build_console", "check_bind", "run_console", "start_console"]
 

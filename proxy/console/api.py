@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..store import browse, detail, report, series
-from ..store.engine import StoreError
-from ..store.read import get_exchange
-from . import params
-from .openapi import document
-from .state import state
+from proxy.console import params
+from proxy.console.openapi import document
+from proxy.console.state import state
+from proxy.store import browse, detail, report, series
+from proxy.store.engine import StoreError
+from proxy.store.read import get_exchange
 
 
 def json_response(value: Any, status: int = 200) -> web.Response:

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from ..config import ConfigError
-from .state import state
+from proxy.config import ConfigError
+from proxy.console.state import state
 
 COOKIE = "flightrec_console"
 CSP = (

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from ..store.engine import StoreError, create_engine, describe, gone
-from ..store.read import check_readable, require_sqlite_file
-from . import api, pages
-from .state import CONSOLE, state
+from proxy.console import api, pages
+from proxy.console.state import CONSOLE, state
+from proxy.store.engine import StoreError, create_engine, describe, gone
+from proxy.store.read import check_readable, require_sqlite_file
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -6,7 +6,7 @@ from functools import cache
 from importlib import metadata
 from typing import Any
 
-from ..store.browse import MAX_LIMIT, OUTCOMES
+from proxy.store.browse import MAX_LIMIT, OUTCOMES
 
 _TEXT = {"type": "string"}
 _FILTERS = {

@@ -15,15 +15,15 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from .. import export as export_mod
-from ..compare import compare, content_of
-from ..redact import Redactor
-from ..store import browse, detail, report, series
-from ..store.engine import StoreError
-from ..store.filters import Filters
-from ..store.read import get_exchange
-from . import api, auth, charts, params, views
-from .state import state
+from proxy.console import api, auth, charts, params, views
+from proxy.console.state import state
+from proxy.privacy.redact import Redactor
+from proxy.store import browse, detail, report, series
+from proxy.store.engine import StoreError
+from proxy.store.filters import Filters
+from proxy.store.read import get_exchange
+from proxy.tools import export as export_mod
+from proxy.tools.compare import compare, content_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EXPORT_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "har": "application/json"}

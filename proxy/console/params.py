@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 from multidict import MultiMapping
 
-from ..store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
-from ..store.filters import Filters
-from ..store.read import parse_since, parse_tag
-from ..store.report import parse_by
-from ..store.series import parse_bucket
+from proxy.store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
+from proxy.store.filters import Filters
+from proxy.store.read import parse_since, parse_tag
+from proxy.store.report import parse_by
+from proxy.store.series import parse_bucket
 
 T = TypeVar("T")
 Query = MultiMapping[str]

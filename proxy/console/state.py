@@ -8,8 +8,8 @@ import jinja2
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..config import Config
-from ..metrics import MetricsSink
+from proxy.config import Config
+from proxy.sinks.metrics import MetricsSink
 
 
 @dataclass(slots=True)

@@ -4,11 +4,17 @@
 rows by column name, `sqlite_writer` and `pg_writer` write them (`writer` picks one),
 `read` turns rows back into the `show --json` shape, `journal` holds every record on local
 disk until the database has it and `backlog` feeds it to the writer. The background writer
-that ties them together is `proxy.dbrecorder`.
+that ties them together is `proxy.store.recorder`.
 """
 
-from .engine import StoreError, Unreachable, check_connection, check_writable, create_engine
-from .migrate import downgrade, upgrade
+from proxy.store.engine import (
+    StoreError,
+    Unreachable,
+    check_connection,
+    check_writable,
+    create_engine,
+)
+from proxy.store.migrate import downgrade, upgrade
 
 __all__ = [
     "StoreError",

@@ -18,10 +18,10 @@ import asyncio
 import logging
 from collections import deque
 
-from ..exchange import Exchange
-from .journal import Journal, Position
-from .lines import encode
-from .losses import Losses
+from proxy.exchange import Exchange
+from proxy.store.journal import Journal, Position
+from proxy.store.lines import encode
+from proxy.store.losses import Losses
 
 log = logging.getLogger(__name__)
 

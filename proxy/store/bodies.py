@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..exchange import Exchange
+from proxy.exchange import Exchange
 
 
 class Bodies(NamedTuple):

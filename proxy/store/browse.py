@@ -18,10 +18,10 @@ from typing import Any, get_args
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..exchange import Outcome
-from . import tables as t
-from .filters import Filters
-from .read import _iso, _tags
+from proxy.exchange import Outcome
+from proxy.store import tables as t
+from proxy.store.filters import Filters
+from proxy.store.read import _iso, _tags
 
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 MAX_LIMIT = 500

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import tables as t
+from proxy.store import tables as t
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:

@@ -22,7 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from ..jsontext import dumps as dumps  # the JSON columns' text, for the store's modules
+from proxy.text import dumps as dumps  # the JSON columns' text, for the store's modules
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PAGE_SIZE = 16_384

@@ -10,7 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import tables as t
+from proxy.store import tables as t
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from ..exchange import Exchange
-from .engine import StoreError
-from .lines import decode, encode, whole_lines
+from proxy.exchange import Exchange
+from proxy.store.engine import StoreError
+from proxy.store.lines import decode, encode, whole_lines
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from ..exchange import Exchange
-from ..rawcopy import compress_whole
-from .bodies import stored_bodies
+from proxy.exchange import Exchange
+from proxy.store.bodies import stored_bodies
+from proxy.stream.rawcopy import compress_whole
 
 _VERSION = 1
 _FIELDS = tuple(f.name for f in fields(Exchange))

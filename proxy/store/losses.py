@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..exchange import Exchange
-from .journal import Journal
+from proxy.exchange import Exchange
+from proxy.store.journal import Journal
 
 log = logging.getLogger(__name__)
 

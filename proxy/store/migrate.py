@@ -19,7 +19,7 @@ from alembic.util import CommandError
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from .engine import StoreError, check_connection, create_engine, describe, safe_url
+from proxy.store.engine import StoreError, check_connection, create_engine, describe, safe_url
 
 # Any constant works; it only has to be the same in every flightrec process sharing a database.
 _PG_MIGRATION_LOCK = 0x666C6974

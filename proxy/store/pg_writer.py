@@ -14,8 +14,16 @@ from contextlib import contextmanager
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import tables as t
-from .rows import Rows, columns, merged_fingerprints, not_stored, records, table_rows, unique
+from proxy.store import tables as t
+from proxy.store.rows import (
+    Rows,
+    columns,
+    merged_fingerprints,
+    not_stored,
+    records,
+    table_rows,
+    unique,
+)
 
 STORED_IDS = "SELECT id FROM exchanges WHERE id = ANY($1::varchar[])"
 """One array parameter, not an IN list rendered anew with a placeholder per id each batch."""

@@ -28,10 +28,10 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from . import rollups
-from . import tables as t
-from .engine import SQLITE_BUSY_TIMEOUT_MS as BUSY_MS
-from .engine import sqlite_pragmas
+from proxy.store import rollups
+from proxy.store import tables as t
+from proxy.store.engine import SQLITE_BUSY_TIMEOUT_MS as BUSY_MS
+from proxy.store.engine import sqlite_pragmas
 
 T = TypeVar("T")
 

@@ -21,10 +21,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..terminal import printable
-from . import tables as t
-from .engine import StoreError, check_connection, create_engine, describe
-from .migrate import check_head
+from proxy.store import tables as t
+from proxy.store.engine import StoreError, check_connection, create_engine, describe
+from proxy.store.migrate import check_head
+from proxy.text import printable
 
 _RELATIVE = re.compile(r"^(\d+)\s*(s|m|h|d|w)$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -116,8 +116,8 @@ async def list_exchanges(
 ) -> list[dict[str, Any]]:
     """`logs`: the first page of `browse.list_page` (the console's list), newest first.
     `model` matches the requested or the answering model exactly, as in `cost`."""
-    from .browse import ListFilters, list_page
-    from .filters import Filters
+    from proxy.store.browse import ListFilters, list_page
+    from proxy.store.filters import Filters
 
     filters = ListFilters(Filters(since=since, model=model, tags=tuple(tags or ())))
     items, _next = await list_page(engine, filters, limit=limit)

@@ -25,6 +25,8 @@ What the report counts (the README's *Cost* section says it for users):
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -33,12 +35,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..pricing import PriceTable
-from ..terminal import printable
-from . import rollups
-from . import tables as t
-from .filters import Filters
-from .rows import cost_for
+from proxy.pricing import PriceTable
+from proxy.store import rollups
+from proxy.store import tables as t
+from proxy.store.filters import Filters
+from proxy.store.rows import cost_for
+from proxy.text import printable, spreadsheet_text
 
 GROUPS = ("model", "key", "user", "day", "upstream")
 """`--by` values besides `tag:<key>`."""
@@ -300,11 +302,6 @@ def as_json(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def as_csv(rows: list[dict[str, Any]], by: str) -> str:
-    import csv
-    import io
-
-    from ..export import spreadsheet_text
-
     out = io.StringIO()
     columns = [*COLUMNS, "key_hint"] if by == "key" else list(COLUMNS)
     writer = csv.writer(out, lineterminator="\n")

@@ -24,8 +24,8 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from . import tables as t
-from .filters import Filters
+from proxy.store import tables as t
+from proxy.store.filters import Filters
 
 SUMS = (
     "requests",
@@ -108,7 +108,7 @@ class Rollup:
 def fold_query(ids: Sequence[str]) -> sa.Select[Any]:
     """What `add` needs of each exchange in `ids`, evaluated by the database as the report
     evaluates it (cost in nano-dollars, priced, unpriced)."""
-    from .report import cost_nano, is_unpriced  # the report's own definitions
+    from proxy.store.report import cost_nano, is_unpriced  # the report's own definitions
 
     ex, usage = t.exchanges, t.usage
     tokens = (usage.c[name] for name in SUMS[1:5])

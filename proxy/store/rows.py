@@ -22,11 +22,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..exchange import Exchange
-from ..pricing import Price, PriceTable
-from . import tables as t
-from .bodies import stored_bodies
-from .engine import dumps
+from proxy.exchange import Exchange
+from proxy.pricing import Price, PriceTable
+from proxy.store import tables as t
+from proxy.store.bodies import stored_bodies
+from proxy.store.engine import dumps
 
 Row = dict[str, Any]
 """One row: column name to value; JSON columns as text, times as aware datetimes."""

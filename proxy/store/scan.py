@@ -18,10 +18,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import tables as t
-from .engine import StoreError, dumps
-from .filters import Filters
-from .read import _tags, exchange_record
+from proxy.store import tables as t
+from proxy.store.engine import StoreError, dumps
+from proxy.store.filters import Filters
+from proxy.store.read import _tags, exchange_record
 
 BATCH = 500
 

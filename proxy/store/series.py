@@ -13,10 +13,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from . import rollups
-from . import tables as t
-from .filters import Filters
-from .report import NANO, _group_column, cost_nano, is_unpriced, merge, parse_by
+from proxy.store import rollups
+from proxy.store import tables as t
+from proxy.store.filters import Filters
+from proxy.store.report import NANO, _group_column, cost_nano, is_unpriced, merge, parse_by
 
 BUCKETS = ("hour", "day")
 

@@ -34,10 +34,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..turns import Turns
-from . import tables as t
-from .engine import create_private, describe, sqlite_pragmas
-from .rows import (
+from proxy.store import tables as t
+from proxy.store.engine import create_private, describe, sqlite_pragmas
+from proxy.store.rows import (
     Row,
     Rows,
     columns,
@@ -47,6 +46,7 @@ from .rows import (
     table_rows,
     unique,
 )
+from proxy.store.turns import Turns
 
 log = logging.getLogger(__name__)
 

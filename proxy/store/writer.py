@@ -7,10 +7,10 @@ from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .engine import SQLITE_BUSY_TIMEOUT_MS, StoreError
-from .pg_writer import PgWriter
-from .rows import Rows
-from .sqlite_writer import SqliteWriter
+from proxy.store.engine import SQLITE_BUSY_TIMEOUT_MS, StoreError
+from proxy.store.pg_writer import PgWriter
+from proxy.store.rows import Rows
+from proxy.store.sqlite_writer import SqliteWriter
 
 
 class Writer(Protocol):

@@ -1,0 +1,99 @@
+"""Builds the relay's aiohttp application (`proxy.serve` runs it).
+
+The application owns two long-lived things, both in `cleanup_ctx` so they live exactly as long
+as the server: the pooled upstream `ClientSession` and the sinks (the recorder first, then any
+others, `proxy.sinks.fanout`); `run` adds the retention task when retention is configured.
+Shutdown order matters: stop listening, let in-flight exchanges finish (bounded by
+`shutdown_grace`), complete the records still waiting, then stop the sinks in reverse order,
+each delivering everything it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.privacy.keep import Keep
+from proxy.relay.appkeys import (
+    APP_CONFIG,
+    APP_LATER,
+    APP_READ_LATER,
+    APP_RECORDER,
+    APP_SESSION,
+    APP_SINKS,
+)
+from proxy.relay.connections import Runner
+from proxy.relay.deferred import READ_DELAY, Later
+from proxy.relay.forward import forward
+from proxy.sinks.fanout import Explains, Recorder, RecorderSink, Sink, Sinks
+
+log = logging.getLogger(__name__)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    recorder = request.app[APP_RECORDER]
+    reason = recorder.readiness() if isinstance(recorder, Explains) else None
+    if reason is None and not recorder.ready():
+        reason = "the record cannot keep up"
+    if reason is None:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "not ready", "reason": reason}, status=503)
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    config = app[APP_CONFIG]
+    app[APP_SESSION] = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=config.connect_timeout, sock_read=config.read_timeout
+        ),
+        # The client's bytes go upstream as they are: no headers of aiohttp's own, no
+        # decompression (the client gets the upstream's bytes; the tee decodes for the record).
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+        auto_decompress=False,
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
+    yield
+    await app[APP_SESSION].close()
+
+
+async def _sinks(app: web.Application) -> AsyncIterator[None]:
+    await app[APP_SINKS].start()
+    yield
+    app[APP_LATER].flush(close=True)  # records still being completed go to the sinks first
+    await app[APP_SINKS].stop()
+
+
+def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ()) -> web.Application:
+    """The proxy; every finished exchange goes to `recorder`, then to each of `sinks`."""
+    app = web.Application(client_max_size=config.max_request_bytes)
+    app[APP_CONFIG] = config
+    app[APP_RECORDER] = recorder
+    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace)
+    app[APP_LATER] = Later()
+    app[APP_READ_LATER] = Later(READ_DELAY)
+    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_sinks)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+def make_runner(app: web.Application, config: Config) -> web.AppRunner:
+    return Runner(
+        app,
+        header_timeout=config.client_header_timeout,
+        keepalive_timeout=config.keepalive_timeout,
+        handler_cancellation=config.cancel_on_disconnect,
+        shutdown_timeout=config.shutdown_grace,
+        access_log=None,
+    )

@@ -1,0 +1,132 @@
+"""The forwarding handler: one exchange, from the request's arrival to its record.
+
+`forward` runs the steps in order, each in its own module:
+
+1. route the path to an upstream (`paths.route`); answer errors in OpenAI's shape (`errors`);
+2. read the body and, for a stream, ask the upstream for its usage (`usage_option`);
+3. send it upstream (`_send_upstream`);
+4. relay the answer to the client through the tee (`relay`, `tee`, `reader`);
+5. in `finally`, whatever happened, have the record completed a moment later and handed to the
+   sinks (`record.conclude`, `sinks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from proxy.config import Config, Upstream
+from proxy.exchange import id_place
+from proxy.relay.appkeys import APP_CONFIG, APP_LATER, APP_SESSION, APP_SINKS
+from proxy.relay.errors import (
+    not_routed,
+    proxy_failed,
+    refuse_path,
+    too_large,
+    too_slow,
+    unreachable,
+)
+from proxy.relay.headers import upstream_headers
+from proxy.relay.paths import Refused, route
+from proxy.relay.record import Record, conclude
+from proxy.relay.response import relay
+from proxy.relay.usage_option import UpstreamBody, upstream_body
+from proxy.stream.endpoints import endpoint
+
+log = logging.getLogger(__name__)
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    """One exchange, whatever its outcome; the record goes to the sinks from `finally`."""
+    began = time.time()
+    started = time.perf_counter()
+    place = id_place()  # now: ids sort as the requests came
+    config = request.app[APP_CONFIG]
+    found = route(config.upstreams, request.raw_path)
+    if found is None:
+        return not_routed(request)
+    refused = isinstance(found, Refused)
+    upstream, rest = (found.upstream, found.rest) if isinstance(found, Refused) else found
+    record = Record(place, request.method, upstream, rest, began)
+    later = request.app[APP_LATER]
+    later.under_way += 1
+    try:
+        if refused:
+            return refuse_path(record.exchange(), upstream)
+        return await _exchange(request, config, upstream, rest, record, started)
+    except asyncio.CancelledError:
+        exchange = record.exchange()
+        if exchange.outcome == "ok":  # else the upstream failed first: that is what happened
+            exchange.outcome = "client_disconnected"
+            exchange.error = "client disconnected; upstream request cancelled"
+        raise
+    except Exception as exc:  # the record must survive a bug here, and the client gets a 500
+        log.exception("exchange %s failed inside the proxy", record.id)
+        return proxy_failed(record.exchange(), exc)
+    finally:
+        exchange = record.exchange()
+        exchange.duration_ms = (time.perf_counter() - started) * 1000
+        # Completed off the way of the client's next request (`Later`).
+        tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
+        later.under_way -= 1
+        later.add(conclude, exchange, request, tee, request.app[APP_SINKS])
+
+
+async def _exchange(
+    request: web.Request,
+    config: Config,
+    upstream: Upstream,
+    rest: str,
+    record: Record,
+    started: float,
+) -> web.StreamResponse:
+    """Read the request, send it upstream, relay the answer."""
+    try:
+        body = await _read_body(request, config.client_body_timeout)
+    except TimeoutError:
+        return await too_slow(request, record.exchange(), config.client_body_timeout)
+    except web.HTTPRequestEntityTooLarge:
+        return too_large(record.exchange(), config)
+    path = request.raw_path.partition("?")[0]
+    known = endpoint(path)
+    inject = config.stream_usage == "inject" and known.stream_options
+    sent = record.body = upstream_body(body, inject=inject)
+    url = URL(upstream.base_url + rest, encoded=True)
+    try:
+        answer = await _send_upstream(request, url, sent)
+    except TimeoutError:
+        return unreachable(record.exchange(), upstream, 504, "timeout", "timed out")
+    except aiohttp.ClientError as exc:
+        return unreachable(
+            record.exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
+        )
+    async with answer:
+        return await relay(request, config, answer, record, known, sent.injected, started)
+
+
+async def _read_body(request: web.Request, seconds: float) -> bytes:
+    """The request body; TimeoutError when the client has not sent all of it `seconds` after
+    its headers. Nearly every body came with its headers and is read without a timer."""
+    if request.content.is_eof():
+        return await request.read()
+    async with asyncio.timeout(seconds):
+        return await request.read()
+
+
+async def _send_upstream(
+    request: web.Request, url: URL, body: UpstreamBody
+) -> aiohttp.ClientResponse:
+    """Send the request upstream; the answer once its headers are in."""
+    injected = body.injected
+    return await request.app[APP_SESSION].request(
+        request.method,
+        url,
+        headers=upstream_headers(request.headers, identity_encoding=injected),
+        data=body.sent or None,
+        allow_redirects=False,
+    )

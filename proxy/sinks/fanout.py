@@ -1,0 +1,198 @@
+"""Where a finished exchange goes: a list of sinks, each told once per exchange.
+
+The forwarder hands every exchange, whatever its outcome, to `Sinks.accept` (`record.conclude`);
+`Sinks` gives it to each sink in order. The database recorder is the first sink; metrics and
+traces are others, added with `build_app(..., sinks=[...])` and nothing else. A sink reacts to
+that one event, as a mitmproxy addon reacts to one hook, and never to the order of others.
+
+With `[[redact]]` rules, `Keep` runs on one worker thread, exchanges in the order accepted, and
+each kept exchange goes to the sinks back on the event loop, in that order: a long redaction
+no longer holds every other request (the loop gets the GIL back between the redactor's steps,
+though not during one regular-expression search, which holds it). `stop` first waits (up to
+`grace` seconds) for the exchanges being redacted and delivers them; one still unfinished then
+is delivered without its bodies. An exchange being redacted is not yet journaled: a kill -9
+loses it, as it loses any exchange not yet journaled. Without rules, `Keep` runs in `accept`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, runtime_checkable
+
+from proxy.exchange import Exchange
+from proxy.privacy import keep
+from proxy.privacy.keep import Keep
+
+log = logging.getLogger(__name__)
+
+
+class Recorder(Protocol):
+    async def start(self) -> None:
+        """Start background work (called once the event loop runs)."""
+
+    def record(self, exchange: Exchange) -> None:
+        """Take a finished exchange. Never blocks, never raises."""
+
+    def ready(self) -> bool:
+        """True while records can reach their destination without piling up."""
+
+    async def close(self) -> None:
+        """Write out everything taken so far, then stop."""
+
+
+@runtime_checkable
+class Explains(Protocol):
+    """A recorder that can say why it is not ready (`/readyz` puts it in its answer)."""
+
+    def readiness(self) -> str | None:
+        """None when ready; else one line saying why not."""
+
+
+class MemoryRecorder:
+    """Keeps exchanges in a list: for tests and for `serve` without a database."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+        self._arrived = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    def record(self, exchange: Exchange) -> None:
+        self.exchanges.append(exchange)
+        self._arrived.set()
+
+    def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+    async def wait_for(self, count: int, within: float = 5.0) -> list[Exchange]:
+        """Wait until at least `count` exchanges were recorded; returns them all."""
+        async with asyncio.timeout(within):
+            while len(self.exchanges) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.exchanges
+
+
+class Sink(Protocol):
+    async def start(self) -> None:
+        """Start background work (called once the event loop runs, before any exchange)."""
+
+    def accept(self, exchange: Exchange) -> None:
+        """Take a finished exchange, whatever its outcome. Never blocks, never raises."""
+
+    async def stop(self) -> None:
+        """Deliver everything accepted so far, then stop (after the last exchange)."""
+
+
+class RecorderSink:
+    """The recorder (database or memory) as a sink."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    async def start(self) -> None:
+        await self.recorder.start()
+
+    def accept(self, exchange: Exchange) -> None:
+        self.recorder.record(exchange)
+
+    async def stop(self) -> None:
+        await self.recorder.close()
+
+
+class Sinks:
+    """The application's sinks: started in order, stopped in reverse order; one sink that
+    fails never keeps an exchange from the others. Before any sink sees an exchange, `keep`
+    takes out of it what the record may not keep (omitted bodies, redaction)."""
+
+    def __init__(self, sinks: Sequence[Sink], keep: Keep | None = None, grace: float = 30) -> None:
+        self._sinks = tuple(sinks)
+        self._keep = keep or Keep()
+        self._grace = grace
+        self._worker = None if self._keep.redactor is None else ThreadPoolExecutor(1, "keep")
+        self._kept: deque[tuple[Exchange, asyncio.Future[None]]] = deque()
+        """Exchanges handed to the worker, in the order accepted, each with its `Keep` run."""
+
+    async def start(self) -> None:
+        started: list[Sink] = []
+        try:
+            for sink in self._sinks:
+                await sink.start()
+                started.append(sink)
+        except BaseException:  # the server will not run: stop what did start
+            await Sinks(started).stop()
+            raise
+
+    def accept(self, exchange: Exchange) -> None:
+        if self._worker is None:
+            self._keep(exchange)
+            self._deliver(exchange)
+            return
+        run = asyncio.get_running_loop().run_in_executor(self._worker, self._keep, exchange)
+        self._kept.append((exchange, run))
+        run.add_done_callback(self._kept_done)
+
+    def _kept_done(self, _: object = None) -> None:
+        """Deliver the exchanges whose `Keep` ended, in the order they were accepted."""
+        while self._kept and self._kept[0][1].done():
+            exchange, run = self._kept.popleft()
+            if run.cancelled() or run.exception() is not None:
+                log.error("exchange %s: keeping it failed (%r)", exchange.id, run)
+                exchange = bodiless(exchange)
+            self._deliver(exchange)
+
+    def _deliver(self, exchange: Exchange) -> None:
+        for sink in self._sinks:
+            try:
+                sink.accept(exchange)
+            except Exception:  # a sink's bug costs that sink the exchange, not the others
+                log.exception("sink %s failed to take exchange %s", _name(sink), exchange.id)
+
+    async def stop(self) -> None:
+        await self._drain()
+        for sink in reversed(self._sinks):
+            try:
+                await sink.stop()
+            except Exception:  # the others still deliver what they hold
+                log.exception("sink %s failed to stop", _name(sink))
+
+    async def _drain(self) -> None:
+        """Deliver every exchange handed to the worker (without its bodies if its redaction
+        has not ended within `grace`); later exchanges are kept in `accept`."""
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        if self._kept:
+            _, late = await asyncio.wait([run for _, run in self._kept], timeout=self._grace)
+            if late:
+                log.error(
+                    "%d exchanges still being redacted after %ss: recorded without bodies",
+                    len(late),
+                    self._grace,
+                )
+        self._kept_done()
+        while self._kept:
+            self._deliver(bodiless(self._kept.popleft()[0]))
+        worker.shutdown(wait=False, cancel_futures=True)
+
+
+def bodiless(exchange: Exchange) -> Exchange:
+    """A copy of `exchange` as `Keep` leaves one whose redaction failed: no body, none of the
+    texts a rule could have matched, and a note saying so (the redaction may still be changing
+    the exchange itself)."""
+    ex = copy.copy(exchange)
+    keep.failed(ex)
+    return ex
+
+
+def _name(sink: Sink) -> str:
+    return type(sink).__qualname__
