@@ -17,6 +17,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check proxy tests bench migrations tools
 	$(BIN)/ruff format --check proxy tests bench migrations tools
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 test: lint
 	$(BIN)/pytest -q $(ARGS)

@@ -33,11 +33,11 @@ import asyncpg  # type: ignore[import-untyped]
 import orjson
 from sqlalchemy.engine import make_url
 
+from proxy.pricing import cost_for, shipped_prices
 from proxy.store import create_engine, upgrade
 from proxy.store.filters import Filters
 from proxy.store.read import parse_since
 from proxy.store.report import cost_report, reprice, total
-from proxy.store.rows import cost_for, shipped_prices
 
 GOAL_S = 3.0
 CHUNK = 50_000

@@ -351,3 +351,28 @@ class PriceTable:
         if price is None or tokens is None:
             return None, None
         return cost_of(price, tokens), price
+
+
+def shipped_prices() -> PriceTable:
+    """The price table as shipped, for callers that have no config."""
+    return PriceTable.load()
+
+
+def price_entry(price: Price) -> str:
+    """What `exchanges.price_entry` holds: the key and where its rates came from."""
+    return f"{price.key} ({price.source})"
+
+
+def cost_for(
+    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
+) -> tuple[float | None, str | None]:
+    """(`cost_usd`, `price_entry`) of one exchange; (None, None) when it cannot be priced.
+
+    The model that answered (`response_model`) is priced; the requested one only when the
+    response names none. A response model the table does not know stays unpriced rather than
+    being billed at the rates of the model that was asked for.
+    """
+    cost, price = prices.cost(response_model or model, usage)
+    if cost is None or price is None:
+        return None, None
+    return cost, price_entry(price)

@@ -15,7 +15,8 @@ import openai
 import orjson
 import pytest
 
-from proxy.store.read import get_exchange, get_raw_stream, list_exchanges, reading
+from proxy.store.browse import list_exchanges
+from proxy.store.read import get_exchange, get_raw_stream, reading
 from proxy.tools.playback import PlaybackOptions, canonical, playing
 
 from . import dbs

@@ -16,7 +16,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from proxy.config import Config, Upstream
 from proxy.relay.app import build_app, make_runner
 from proxy.store import create_engine, upgrade
-from proxy.store.read import get_exchange, list_exchanges, reading
+from proxy.store.browse import list_exchanges
+from proxy.store.read import get_exchange, reading
 from proxy.store.recorder import DatabaseRecorder
 
 from . import dbs

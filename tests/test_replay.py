@@ -11,8 +11,9 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Upstream
+from proxy.store.browse import list_exchanges
 from proxy.store.filters import Filters
-from proxy.store.read import get_exchange, list_exchanges, reading
+from proxy.store.read import get_exchange, reading
 from proxy.tools.replay import ReplayError, ReplayOptions, replay
 
 from . import dbs

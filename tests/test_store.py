@@ -16,10 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.exchange import Exchange
 from proxy.store import StoreError, create_engine, pg_writer, sqlite_writer, upgrade
 from proxy.store import tables as t
+from proxy.store.browse import list_exchanges
 from proxy.store.read import (
     get_exchange,
     get_raw_stream,
-    list_exchanges,
     parse_since,
     parse_tag,
 )

@@ -64,13 +64,13 @@ def logs(
     db_url: str | None,
 ) -> None:
     """Recent exchanges, newest first."""
-    from proxy.store import read
+    from proxy.store import browse, read
 
     cfg = load_config(config_path, db_url=db_url)
 
     async def fetch() -> list[dict[str, Any]]:
         async with read.reading(cfg.db_url) as engine:
-            return await read.list_exchanges(
+            return await browse.list_exchanges(
                 engine, limit=limit, model=model, since=since, tags=list(tags)
             )
 
@@ -108,7 +108,7 @@ def show(config_path: str | None, exchange_id: str, as_json: bool, db_url: str |
 
 
 def _parse_by(value: str) -> str:
-    from proxy.store.report import parse_by
+    from proxy.store.cost import parse_by
 
     return parse_by(value)
 

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 from multidict import MultiMapping
 
 from proxy.store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
+from proxy.store.cost import parse_by
 from proxy.store.filters import Filters
 from proxy.store.read import parse_since, parse_tag
-from proxy.store.report import parse_by
 from proxy.store.series import parse_bucket
 
 T = TypeVar("T")

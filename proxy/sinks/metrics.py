@@ -27,7 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.pricing import PriceTable, cost_of, normalize_usage
-from proxy.store.report import FREE_ENDPOINT
+from proxy.stream.endpoints import FREE_ENDPOINT
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 REFRESH = 1.0
@@ -99,7 +99,7 @@ class _Bounded:
 
 def _should_cost(ex: Exchange, usage: Any) -> bool:
     """Whether an exchange without a cost counts as unpriced: the cost report's rule
-    (`store.report.is_unpriced`), so the two always agree."""
+    (`store.cost.is_unpriced`), so the two always agree."""
     paid = (
         ex.model is not None
         and ex.status is not None

@@ -29,8 +29,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from proxy.config import Config
 from proxy.exchange import Exchange
-from proxy.pricing import PriceTable, normalize_usage
-from proxy.store.rows import cost_for
+from proxy.pricing import PriceTable, cost_for, normalize_usage
 
 log = logging.getLogger(__name__)
 

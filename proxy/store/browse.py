@@ -195,3 +195,18 @@ async def fingerprints(engine: AsyncEngine) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+async def list_exchanges(
+    engine: AsyncEngine,
+    *,
+    limit: int = 50,
+    model: str | None = None,
+    since: datetime | None = None,
+    tags: list[tuple[str, str]] | None = None,
+) -> list[dict[str, Any]]:
+    """`logs`: the first page of `list_page` (the console's list), newest first.
+    `model` matches the requested or the answering model exactly, as in `cost`."""
+    filters = ListFilters(Filters(since=since, model=model, tags=tuple(tags or ())))
+    items, _next = await list_page(engine, filters, limit=limit)
+    return items

@@ -2,7 +2,7 @@
 
 `get_exchange` returns the `show --json` object (SPEC section 6): the stored request and
 response JSON, usage as the upstream reported it, and the exchange's metadata and timings.
-`list_exchanges` returns one summary per exchange, newest first, for `logs`.
+`browse.list_exchanges` returns one summary per exchange, newest first, for `logs`.
 """
 
 from __future__ import annotations
@@ -104,24 +104,6 @@ async def _tags(conn: AsyncConnection, ids: list[str]) -> dict[str, dict[str, st
         for row in await conn.execute(query):
             found[row.exchange_id][row.key] = row.value
     return found
-
-
-async def list_exchanges(
-    engine: AsyncEngine,
-    *,
-    limit: int = 50,
-    model: str | None = None,
-    since: datetime | None = None,
-    tags: list[tuple[str, str]] | None = None,
-) -> list[dict[str, Any]]:
-    """`logs`: the first page of `browse.list_page` (the console's list), newest first.
-    `model` matches the requested or the answering model exactly, as in `cost`."""
-    from proxy.store.browse import ListFilters, list_page
-    from proxy.store.filters import Filters
-
-    filters = ListFilters(Filters(since=since, model=model, tags=tuple(tags or ())))
-    items, _next = await list_page(engine, filters, limit=limit)
-    return items
 
 
 def _body(parsed: Any, raw: bytes | None, omitted: bool) -> Any:

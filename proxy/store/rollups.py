@@ -24,7 +24,9 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from proxy.store import cost
 from proxy.store import tables as t
+from proxy.store.cost import cost_nano, is_unpriced
 from proxy.store.filters import Filters
 
 SUMS = (
@@ -39,13 +41,6 @@ SUMS = (
 )
 GROUP = ("upstream", "model", "response_model", "key_hash", "key_hint", "end_user")
 """The exchange columns a rollup keeps, besides its day and tags."""
-
-
-def day_text(column: Any, dialect: str) -> sa.ColumnElement[str]:
-    """'YYYY-MM-DD' of a UTC time column (SQLite stores UTC times as text)."""
-    if dialect == "postgresql":
-        return sa.func.to_char(sa.func.timezone("UTC", column), "YYYY-MM-DD")
-    return sa.func.substr(column, 1, 10)
 
 
 def bucket_start(column: Any, bucket: str, dialect: str) -> sa.ColumnElement[Any]:
@@ -78,7 +73,7 @@ def group_column(by: str, dialect: str) -> tuple[sa.ColumnElement[Any], Any]:
     if by == "model":
         return sa.func.coalesce(r.c.response_model, r.c.model), r
     if by == "day":
-        return day_text(r.c.day, dialect), r
+        return cost.day_text(r.c.day, dialect), r
     column = {"key": r.c.key_hash, "user": r.c.end_user, "upstream": r.c.upstream}[by]
     return column, r
 
@@ -108,8 +103,6 @@ class Rollup:
 def fold_query(ids: Sequence[str]) -> sa.Select[Any]:
     """What `add` needs of each exchange in `ids`, evaluated by the database as the report
     evaluates it (cost in nano-dollars, priced, unpriced)."""
-    from proxy.store.report import cost_nano, is_unpriced  # the report's own definitions
-
     ex, usage = t.exchanges, t.usage
     tokens = (usage.c[name] for name in SUMS[1:5])
     return (

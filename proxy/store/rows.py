@@ -23,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from proxy.exchange import Exchange
-from proxy.pricing import Price, PriceTable
+from proxy.pricing import PriceTable, cost_for, shipped_prices
 from proxy.store import tables as t
 from proxy.store.bodies import stored_bodies
 from proxy.store.engine import dumps
@@ -93,31 +93,6 @@ def _body_json(parsed: Any, raw: bytes | None) -> str | None:
 
 
 @cache
-def shipped_prices() -> PriceTable:
-    """The price table as shipped, for callers that have no config."""
-    return PriceTable.load()
-
-
-def price_entry(price: Price) -> str:
-    """What `exchanges.price_entry` holds: the key and where its rates came from."""
-    return f"{price.key} ({price.source})"
-
-
-def cost_for(
-    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
-) -> tuple[float | None, str | None]:
-    """(`cost_usd`, `price_entry`) of one exchange; (None, None) when it cannot be priced.
-
-    The model that answered (`response_model`) is priced; the requested one only when the
-    response names none. A response model the table does not know stays unpriced rather than
-    being billed at the rates of the model that was asked for.
-    """
-    cost, price = prices.cost(response_model or model, usage)
-    if cost is None or price is None:
-        return None, None
-    return cost, price_entry(price)
-
-
 def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     """The rows of one exchange, priced with `prices` (default: the shipped table)."""
     response = _dict(ex.response_json)

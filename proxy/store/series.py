@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.store import rollups
 from proxy.store import tables as t
+from proxy.store.cost import NANO, cost_nano, group_column, is_unpriced, merge, parse_by
 from proxy.store.filters import Filters
-from proxy.store.report import NANO, _group_column, cost_nano, is_unpriced, merge, parse_by
 
 BUCKETS = ("hour", "day")
 
@@ -39,7 +39,7 @@ def _start(value: Any) -> str:
 def _series_query(by: str, bucket: str, filters: Filters, dialect: str) -> Any:
     """Kept exchanges and rollups (a pruned day's at its midnight), in one statement."""
     ex, usage = t.exchanges, t.usage
-    group, source = _group_column(by, dialect)
+    group, source = group_column(by, dialect)
     when = rollups.bucket_start(ex.c.started_at, bucket, dialect)
     kept = (
         sa.select(

@@ -64,3 +64,7 @@ def endpoint(path: str) -> Endpoint:
         if path.endswith(known.suffix):
             return known
     return OTHER
+
+
+FREE_ENDPOINT = "/moderations"
+"""Names a model, succeeds and costs nothing: never unpriced."""
