@@ -1,4 +1,5 @@
-"""What redaction costs per exchange: the `Keep` step (`proxy/keep.py`) with and without rules.
+"""What redaction costs per exchange: the `Keep` step (`proxy/privacy/keep.py`), with and
+without rules.
 
     python -m bench.bench_redact [--repeat 7] [--count 300]
 

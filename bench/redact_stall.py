@@ -1,4 +1,4 @@
-"""How long one large exchange's redaction holds other requests up (`proxy/sinks.py`).
+"""How long one large exchange's redaction holds other requests up (`proxy/sinks/fanout.py`).
 
     python -m bench.redact_stall [--body pem|image] [--on-loop] [--rounds 3]
 

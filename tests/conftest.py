@@ -26,8 +26,7 @@ from hypothesis import settings
 from proxy.config import Config, Upstream
 from proxy.relay.app import build_app, make_runner
 from proxy.sinks.fanout import MemoryRecorder
-
-from .streamgen import chunks_to_sse, completion_to_chunks
+from tests.streamgen import chunks_to_sse, completion_to_chunks
 
 # Property tests check what holds, not how fast: on a busy 2-core CI machine the first example
 # of a test (cold imports, caches) can take longer than hypothesis's 200 ms default deadline.

@@ -17,9 +17,8 @@ from proxy.config import Config
 from proxy.console import build_console
 from proxy.exchange import Exchange
 from proxy.store import upgrade
-
-from .dbs import chat_exchange
-from .dbs import recorded as record
+from tests.dbs import chat_exchange
+from tests.dbs import recorded as record
 
 HOSTILE = (
     "<script>window.pwned = 1; document.title = 'pwned'</script>"

@@ -23,9 +23,8 @@ from proxy.config import Config, Upstream
 from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
 from proxy.store.recorder import DatabaseRecorder
-
-from .conftest import FakeUpstream, completion, start_site
-from .streamgen import chunks_to_sse, completion_to_chunks
+from tests.conftest import FakeUpstream, completion, start_site
+from tests.streamgen import chunks_to_sse, completion_to_chunks
 
 KEY = "sk-proj-replaySECRET0123456789abcdWXYZ"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a colour"}]

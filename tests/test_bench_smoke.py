@@ -20,8 +20,7 @@ from bench import __main__ as bench_main
 from bench import first_byte, load, procs, report
 from bench.__main__ import RESTARTS, Plan, alive, paired_groups, quiet_machine, run
 from bench.upstream import MockProtocol
-
-from .conftest import reserved_port
+from tests.conftest import reserved_port
 
 TINY = Plan(
     rounds=1,

@@ -24,9 +24,9 @@ import orjson
 import pytest
 from sqlalchemy.engine import make_url
 
-from . import dbs
-from .dbs import sqlite_url
-from .faultkit import (
+from tests import dbs
+from tests.dbs import sqlite_url
+from tests.faultkit import (
     Call,
     HealthProbe,
     Serve,
@@ -39,7 +39,7 @@ from .faultkit import (
     upstream_process,
     wait_stored,
 )
-from .tcprelay import TcpRelay
+from tests.tcprelay import TcpRelay
 
 pytestmark = pytest.mark.faults
 pg_url = dbs.pg_url  # fixture

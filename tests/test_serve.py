@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from .conftest import reserved_port, serving, wait_until_up
+from tests.conftest import reserved_port, serving, wait_until_up
 
 EVENTS = 20
 PAUSE = 0.05  # a stream lasts about a second

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from .tcprelay import TcpRelay
+from tests.tcprelay import TcpRelay
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -6,7 +6,7 @@ Revises:
 Create Date: 2025-01-01
 
 Written out in full rather than imported from `proxy.store.tables`: a migration is a frozen
-record of what the schema was at this revision, and `tests/test_migrations.py` checks that
+record of what the schema was at this revision, and `tests/store/test_migrations.py` checks that
 the tables and this file agree.
 """
 

@@ -1,8 +1,8 @@
 """The `flightrec` command line. Thin: each command parses flags and calls into the modules.
 
 This module holds the group and the serving commands (`serve`, `console`, `replay`,
-`playback`); the database commands are in `proxy/cli_store.py`, the shared flags in
-`proxy/cli_options.py`.
+`playback`); the database commands are in `proxy/cli/store.py`, the shared flags in
+`proxy/cli/options.py`.
 
 Every error a user can cause (bad config, unknown id, unreachable database) becomes one line on
 stderr and exit status 1, never a traceback.
@@ -118,7 +118,7 @@ def console(
     asyncio.run(run_console(cfg))
 
 
-# --- `replay`, `playback` (thin; the work is in proxy/replay.py and proxy/playback.py) ---
+# --- `replay`, `playback` (thin; the work is in proxy/tools/replay.py and playback.py) ---
 
 
 def _parse_match(value: str) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """What the `flightrec` commands share: the common flags, config loading, one-line errors.
 
-Kept apart from the commands so `proxy/cli.py` (serving) and `proxy/cli_store.py` (database
+Kept apart from the commands so `proxy/cli/main.py` (serving) and `proxy/cli/store.py` (database
 commands) both use the same declarations.
 """
 

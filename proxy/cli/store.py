@@ -1,7 +1,7 @@
 """The database commands of `flightrec`: `db upgrade`, `logs`, `show`, `cost`, `export`.
 
 Thin: each parses flags and calls into proxy/store (queries, the cost report's SQL) or
-proxy/export.py. `proxy/cli.py` adds them to the `flightrec` group.
+proxy/tools/export.py. `proxy/cli/main.py` adds them to the `flightrec` group.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def cost(
         click.echo(report.as_table(rows, by))
 
 
-# --- `export` (thin; the work is in proxy/export.py) ---
+# --- `export` (thin; the work is in proxy/tools/export.py) ---
 
 
 @click.command()

@@ -1,0 +1,209 @@
+"""Migrations: empty -> head -> base on both engines, models agree with the scripts, and the
+scripts are found the way an installed wheel lays them out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy.engine import Connection, make_url
+
+from proxy.store import StoreError, Unreachable, check_connection, create_engine, downgrade, upgrade
+from proxy.store.migrate import current, head, scripts_dir
+from proxy.store.tables import metadata
+from tests import dbs
+from tests.dbs import sqlite_url
+
+db_url = dbs.db_url  # fixture
+pg_url = dbs.pg_url  # fixture
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = {
+    "exchanges",
+    "tags",
+    "completions",
+    "choices",
+    "usage",
+    "logprobs",
+    "raw_streams",
+    "fingerprints",
+    "rollups",
+    "rollup_tags",
+}
+
+
+async def table_names(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return set(await conn.run_sync(lambda c: sa.inspect(c).get_table_names()))
+    finally:
+        await engine.dispose()
+
+
+async def revision(url: str) -> str | None:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return await current(conn)
+    finally:
+        await engine.dispose()
+
+
+async def test_upgrade_to_head_and_downgrade_to_base(db_url: str) -> None:
+    assert await revision(db_url) is None
+    await upgrade(db_url)
+    assert await table_names(db_url) == TABLES | {"alembic_version"}
+    assert await revision(db_url) == head()
+
+    await upgrade(db_url)  # already at head: nothing to do, no error
+    assert await revision(db_url) == head()
+
+    await downgrade(db_url, "base")
+    assert await table_names(db_url) - {"alembic_version"} == set()
+    assert await revision(db_url) is None
+
+    await upgrade(db_url)  # and back up again from base
+    assert await table_names(db_url) == TABLES | {"alembic_version"}
+
+
+async def test_models_and_migrations_agree(db_url: str) -> None:
+    await upgrade(db_url)
+
+    def diff(conn: Connection) -> list[object]:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        return list(compare_metadata(context, metadata))
+
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            differences = await conn.run_sync(diff)
+    finally:
+        await engine.dispose()
+    assert differences == []
+
+
+async def test_processes_upgrading_at_once_do_not_collide(pg_url: str) -> None:
+    await asyncio.gather(*(upgrade(pg_url) for _ in range(4)))
+    assert await revision(pg_url) == head()
+
+
+async def test_unreachable_database_is_one_clear_error() -> None:
+    url = "postgresql+asyncpg://nobody@127.0.0.1:9/none"
+    with pytest.raises(Unreachable, match=r"cannot connect to the database at .*127\.0\.0\.1:9"):
+        await upgrade(url)
+
+
+async def _connect_error(url: str) -> StoreError:
+    engine = create_engine(url)
+    try:
+        await check_connection(engine)
+    except StoreError as exc:
+        return exc
+    finally:
+        await engine.dispose()
+    raise AssertionError(f"{url} answered")
+
+
+async def test_a_server_that_may_answer_later_is_told_from_one_that_refuses(pg_url: str) -> None:
+    """`serve` waits for the first kind (`Unreachable`) and stops at once for the second."""
+    server = make_url(pg_url)
+    later = [
+        server.set(port=9),  # refused
+        server.set(host="flightrec-no-such-host.invalid"),  # not in DNS (yet)
+        server.set(host=None, query={"host": "/nonexistent"}),  # a Unix socket not made yet
+    ]
+    refused = [
+        server.set(database="flightrec_no_such_database"),
+        server.set(username="flightrec_no_such_role"),
+    ]
+    for url in later:
+        error = await _connect_error(url.render_as_string(hide_password=False))
+        assert isinstance(error, Unreachable), error
+    for url in refused:
+        error = await _connect_error(url.render_as_string(hide_password=False))
+        assert not isinstance(error, Unreachable), error
+    tls = server.update_query_dict({"ssl": "require"}).render_as_string(hide_password=False)
+    try:
+        error = await _connect_error(tls)
+    except AssertionError:
+        pytest.skip("this PostgreSQL speaks TLS: no TLS refusal to try")
+    assert "SSL" in str(error) and not isinstance(error, Unreachable), error
+
+
+async def test_unknown_revision_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="migration upgrade to nope failed"):
+        await upgrade(sqlite_url(tmp_path / "x.db"), "nope")
+
+
+def test_scripts_found_in_a_checkout() -> None:
+    assert scripts_dir() == REPO / "migrations"
+
+
+def test_scripts_found_in_an_installed_layout(tmp_path: Path) -> None:
+    # The wheel ships `migrations` as `proxy/_migrations` (pyproject force-include): lay the
+    # package out that way, away from the checkout, and migrate a database from there.
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "proxy", site / "proxy", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "migrations",
+        site / "proxy" / "_migrations",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    db = tmp_path / "installed.db"
+    script = (
+        "import asyncio, sys\n"
+        "from proxy.store.migrate import scripts_dir, upgrade\n"
+        "print(scripts_dir())\n"
+        "asyncio.run(upgrade(sys.argv[1]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, sqlite_url(db)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(site / "proxy" / "_migrations")
+    assert asyncio.run(table_names(sqlite_url(db))) == TABLES | {"alembic_version"}
+
+
+async def index_definitions(url: str) -> dict[str, str]:
+    """Each index on `exchanges` by name, with its definition as the database keeps it."""
+    engine = create_engine(url)
+    sql = (
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'exchanges'"
+        if url.startswith("postgresql")
+        else "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'exchanges'"
+    )
+    try:
+        async with engine.connect() as conn:
+            return {name: definition or "" for name, definition in await conn.execute(sa.text(sql))}
+    finally:
+        await engine.dispose()
+
+
+async def test_0002_makes_the_user_and_replay_indexes_partial_and_back(db_url: str) -> None:
+    await upgrade(db_url)
+    found = await index_definitions(db_url)
+    assert "ix_exchanges_upstream_started_at" not in found
+    assert "end_user IS NOT NULL" in found["ix_exchanges_end_user_started_at"]
+    assert "replay_of IS NOT NULL" in found["ix_exchanges_replay_of"]
+    assert "WHERE" not in found["ix_exchanges_model_started_at"]
+
+    await downgrade(db_url, "0001")
+    found = await index_definitions(db_url)
+    assert "ix_exchanges_upstream_started_at" in found
+    assert "WHERE" not in found["ix_exchanges_end_user_started_at"]
+    assert "WHERE" not in found["ix_exchanges_replay_of"]

@@ -1,0 +1,283 @@
+"""The SQLite writer works on the event loop's thread without holding it: it waits for another
+writer's lock with asyncio sleeps, gives the relay turns during a big batch, and checkpoints the WAL
+on a worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.store import sqlite_writer, upgrade
+from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
+from proxy.store.rows import records, rows_for, table_rows
+from proxy.store.sqlite_writer import SqliteWriter, sqlite_null
+from proxy.store.turns import Turns
+from proxy.store.writer import writer_for
+from tests.dbs import chat_exchange, sqlite_url
+from tests.store.test_recorder import assert_stored_once, config, spool_files, started
+
+
+@pytest.fixture
+async def db_path(tmp_path: Path) -> Path:
+    path = tmp_path / "flightrec.db"
+    await upgrade(sqlite_url(path))
+    return path
+
+
+def file_size(path: Path) -> int:
+    return path.stat().st_size
+
+
+def page_size_and_mode(path: Path) -> tuple[int, str]:
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        return (
+            con.execute("PRAGMA page_size").fetchone()[0],
+            con.execute("PRAGMA journal_mode").fetchone()[0],
+        )
+
+
+async def test_a_new_database_has_16_kib_pages_in_wal_mode(db_path: Path) -> None:
+    assert page_size_and_mode(db_path) == (SQLITE_PAGE_SIZE, "wal")
+    assert SQLITE_PAGE_SIZE == 16_384
+
+
+async def test_the_writer_opening_an_empty_file_gives_it_16_kib_pages(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"  # the recorder normally finds a migrated database
+    writer = SqliteWriter(str(path), 1000)
+    try:
+        writer._connection()
+    finally:
+        await writer.close()
+    assert page_size_and_mode(path) == (SQLITE_PAGE_SIZE, "wal")
+
+
+async def test_an_existing_database_keeps_its_page_size_and_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        con.execute("PRAGMA page_size = 4096")
+        con.execute("CREATE TABLE before_us (x)")  # the file now has its pages
+    await upgrade(sqlite_url(path))
+    writer = SqliteWriter(str(path), 1000)
+    try:
+        assert await writer.write([rows_for(chat_exchange())]) == 1
+    finally:
+        await writer.close()
+    assert page_size_and_mode(path) == (4096, "wal")
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        assert con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 1
+
+
+def test_sqlite_stores_the_fast_null_as_null() -> None:
+    # The writer binds NaN for None (cheaper in Python 3.11's sqlite3); if this SQLite stored it
+    # as anything but NULL the fast path would be off and None bound instead.
+    null = sqlite_null()
+    assert null is not None and math.isnan(null)
+
+
+async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) -> None:
+    ex = chat_exchange(fingerprint=None)
+    ex.response_json["choices"][0]["message"]["content"] = None  # a tool-call-only answer
+    rows = rows_for(ex)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    try:
+        assert await writer.write([rows]) == 1
+    finally:
+        await writer.close()
+    sent = dict(table_rows([rows]))
+    assert len(sent) == 4  # exchanges, completions, choices, usage
+    with contextlib.closing(sqlite3.connect(db_path)) as con:
+        for table, found in sent.items():
+            names = [c.name for c in table.columns]
+            types = con.execute(
+                f"SELECT {', '.join(f'typeof({n})' for n in names)} FROM {table.name}"
+            ).fetchone()
+            for name, value, stored in zip(names, records(table, found)[0], types, strict=True):
+                if value is None:
+                    assert stored == "null", f"{table.name}.{name}"
+                elif isinstance(value, bool):
+                    assert stored == "integer", f"{table.name}.{name}"
+        flags = "stream, request_omitted, response_omitted"
+        assert con.execute(f"SELECT {flags} FROM exchanges").fetchone() == (0, 0, 0)
+
+
+class Ticker:
+    """Counts turns of the event loop while it runs, and the longest wait for one."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.longest = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0)
+            self.turns += 1
+            now = loop.time()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    def __enter__(self) -> Ticker:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def test_a_big_batch_gives_the_loop_turns_while_it_is_written(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget of no time: a turn is due before every chunk of rows, however fast the machine.
+    monkeypatch.setattr(sqlite_writer, "Turns", lambda: Turns(budget=0.0))
+    ticker = Ticker()
+    turns_at_chunk: list[int] = []
+    insert = sqlite_writer._insert
+
+    def watched(con: Any, table: Any, rows: Any) -> None:
+        turns_at_chunk.append(ticker.turns)
+        insert(con, table, rows)
+
+    monkeypatch.setattr(sqlite_writer, "_insert", watched)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    batch = [rows_for(chat_exchange(logprobs=["a", "b", "c"])) for _ in range(300)]
+    try:
+        with ticker:
+            assert await writer.write(batch) == 300
+        # The loop turned before each chunk (300 exchange rows alone are 19 chunks); written
+        # in one go it would not turn until the COMMIT.
+        assert len(turns_at_chunk) >= 300 // sqlite_writer.FAT_CHUNK_ROWS["exchanges"]
+        assert all(a < b for a, b in itertools.pairwise(turns_at_chunk))
+        assert await writer.write(batch) == 0  # idempotent by exchange id
+    finally:
+        await writer.close()
+    with contextlib.closing(sqlite3.connect(db_path)) as con:
+        assert con.execute("SELECT count(*) FROM logprobs").fetchone() == (900,)
+        assert con.execute("SELECT sum(count) FROM fingerprints").fetchone() == (300,)
+
+
+async def test_another_writer_s_lock_is_waited_for_without_holding_the_loop(
+    db_path: Path, tmp_path: Path
+) -> None:
+    url = sqlite_url(db_path)
+    recorder = await started(config(url, tmp_path), busy_timeout_ms=10_000)
+    other = sqlite3.connect(db_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    sent = [chat_exchange() for _ in range(3)]
+    with Ticker() as ticker:
+        for ex in sent:
+            recorder.record(ex)
+        await asyncio.sleep(0.5)  # the writer is waiting for the lock all this while
+    other.execute("COMMIT")
+    other.close()
+    await recorder.close()
+    # A writer blocked in SQLite's own busy wait would have held the loop for the whole
+    # busy timeout (10 s) and only then spooled.
+    assert ticker.longest < 5.0
+    await assert_stored_once(url, sent)
+    assert spool_files(tmp_path) == []  # waited, not spooled
+
+
+async def test_the_wal_is_checkpointed_by_the_writer(db_path: Path) -> None:
+    # A reader stays connected, so closing the writer's connection does not checkpoint (only
+    # the last connection does), and the writer's own connection never auto-checkpoints.
+    reader = sqlite3.connect(db_path)
+    reader.execute("SELECT count(*) FROM exchanges").fetchone()
+    empty = file_size(db_path)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    await writer.write([rows_for(chat_exchange(logprobs=["x"] * 50)) for _ in range(50)])
+    await writer.close()  # waits for the checkpoint it started
+    assert file_size(db_path) > empty
+    reader.close()
+
+
+async def test_an_error_other_than_busy_spools_and_reconnects(
+    db_path: Path, tmp_path: Path
+) -> None:
+    url = sqlite_url(db_path)
+    recorder = await started(config(url, tmp_path, batch_size=5))
+    admin = sqlite3.connect(db_path, isolation_level=None)
+    admin.execute("ALTER TABLE exchanges RENAME TO exchanges_away")  # "no such table"
+    first = [chat_exchange() for _ in range(5)]
+    for ex in first:
+        recorder.record(ex)
+    deadline = asyncio.get_running_loop().time() + 10
+    while not spool_files(tmp_path):
+        assert asyncio.get_running_loop().time() < deadline, "nothing spooled"
+        await asyncio.sleep(0.02)
+    admin.execute("ALTER TABLE exchanges_away RENAME TO exchanges")
+    admin.close()
+    later = [chat_exchange() for _ in range(5)]
+    for ex in later:
+        recorder.record(ex)
+    await recorder.close()
+    await assert_stored_once(url, first + later)
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The common umask, under which files are created 0644 unless asked otherwise."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("umask_022")
+async def test_the_database_and_its_wal_files_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    await upgrade(sqlite_url(path))  # what `serve` and `db upgrade` do first
+    assert mode(path) == 0o600
+    reader = sqlite3.connect(path)  # keeps -wal and -shm after the writer closes
+    reader.execute("SELECT count(*) FROM exchanges").fetchone()
+    writer = SqliteWriter(str(path), busy_timeout_ms=1000)
+    await writer.write([rows_for(chat_exchange())])
+    await writer.close()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    assert file_size(wal) > 0
+    assert (mode(path), mode(wal), mode(shm)) == (0o600, 0o600, 0o600)
+    reader.close()
+
+    fresh = tmp_path / "by-the-writer.db"  # a recorder may find no file at all
+    writer = SqliteWriter(str(fresh), busy_timeout_ms=1000)
+    writer._connection()
+    await writer.close()
+    assert mode(fresh) == 0o600
+
+    kept = tmp_path / "kept.db"  # an existing file keeps the mode its owner gave it
+    kept.touch(mode=0o640)
+    await upgrade(sqlite_url(kept))
+    assert mode(kept) == 0o640
+
+
+async def test_a_sqlite_file_gets_the_loop_thread_writer_and_memory_an_error(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.db"
+    engine = create_engine(sqlite_url(path))
+    try:
+        writer = writer_for(engine)
+        assert isinstance(writer, SqliteWriter) and writer.path == str(path)
+    finally:
+        await engine.dispose()
+    in_memory = create_engine("sqlite+aiosqlite://")
+    try:
+        with pytest.raises(StoreError, match="not a database in memory"):
+            writer_for(in_memory)
+    finally:
+        await in_memory.dispose()
