@@ -353,6 +353,7 @@ class PriceTable:
         return cost_of(price, tokens), price
 
 
+@cache
 def shipped_prices() -> PriceTable:
     """The price table as shipped, for callers that have no config."""
     return PriceTable.load()

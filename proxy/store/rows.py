@@ -92,7 +92,6 @@ def _body_json(parsed: Any, raw: bytes | None) -> str | None:
     return dumps(parsed)
 
 
-@cache
 def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     """The rows of one exchange, priced with `prices` (default: the shipped table)."""
     response = _dict(ex.response_json)
