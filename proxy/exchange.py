@@ -24,6 +24,21 @@ Outcome = Literal[
 ]
 UsageSource = Literal["reported", "injected", "missing"]
 
+OUTCOME_PRECEDENCE: tuple[Outcome, ...] = (
+    "proxy_error",
+    "stream_error",
+    "timeout",
+    "upstream_disconnected",
+    "client_disconnected",
+    "upstream_error",
+    "ok",
+)
+"""When more than one thing went wrong, the exchange's outcome is the first of them here: the
+proxy's own failure or refusal says most; then what the stream said, then how the upstream's
+body ended; a client that left counts after those (a cut upstream body is the cause when both
+happen); an HTTP error status only when nothing else happened."""
+_RANK = {outcome: rank for rank, outcome in enumerate(OUTCOME_PRECEDENCE)}
+
 _uuid7_last = 0
 
 
@@ -132,6 +147,20 @@ class Exchange:
     """Set when `[[redact]]` rules matched (`keep.py`): `{"rules": [names], "dropped":
     ["raw_stream", "logprobs"]}`, what was not kept because a match could not be redacted
     in it faithfully."""
+
+    def report(self, outcome: Outcome, error: str | None = None) -> None:
+        """Say what happened to the exchange: the one place its `outcome` is decided.
+
+        `outcome` (with `error`) replaces the current one unless that comes earlier in
+        `OUTCOME_PRECEDENCE`. Reporting `ok` withdraws only a `client_disconnected`: the client
+        left after it had the whole answer, so nothing was lost.
+        """
+        current = self.outcome
+        if outcome == "ok":
+            if current == "client_disconnected":
+                self.outcome, self.error = "ok", None
+        elif _RANK[outcome] <= _RANK[current]:
+            self.outcome, self.error = outcome, error
 
     @classmethod
     def start(

@@ -42,16 +42,17 @@ def not_routed(request: web.Request) -> web.Response:
 def refuse_path(exchange: Exchange, upstream: Upstream) -> web.Response:
     """A path whose dot segments lead out of the upstream's base path never goes upstream."""
     exchange.status = 400
-    exchange.outcome = "proxy_error"
-    exchange.error = f"path leaves the base path of upstream {upstream.name!r}"
+    exchange.report("proxy_error", f"path leaves the base path of upstream {upstream.name!r}")
     message = f"flightrec: {exchange.error} ({upstream.prefix})"
     return error_response(400, message, "invalid_request_error", "invalid_path", exchange.id)
 
 
 def too_large(exchange: Exchange, config: Config) -> web.Response:
-    exchange.outcome = "proxy_error"
     exchange.status = 413
-    exchange.error = f"request body larger than max_request_bytes ({config.max_request_bytes})"
+    exchange.report(
+        "proxy_error",
+        f"request body larger than max_request_bytes ({config.max_request_bytes})",
+    )
     message = f"flightrec: {exchange.error}"
     return error_response(413, message, "invalid_request_error", "request_too_large", exchange.id)
 
@@ -61,9 +62,9 @@ async def too_slow(request: web.Request, exchange: Exchange, seconds: float) -> 
     end at once (aiohttp still reads and drops what it sends for a while before it closes:
     closing with unread bytes would reset the connection, losing the answer)."""
     exchange.status = 408
-    exchange.outcome = "proxy_error"
-    exchange.error = (
-        f"the client did not send its whole body within client_body_timeout ({seconds:g} s)"
+    exchange.report(
+        "proxy_error",
+        f"the client did not send its whole body within client_body_timeout ({seconds:g} s)",
     )
     response = error_response(
         408, f"flightrec: {exchange.error}", "invalid_request_error", "request_timeout", exchange.id
@@ -81,15 +82,13 @@ def unreachable(
     exchange: Exchange, upstream: Upstream, status: int, outcome: Any, what: str
 ) -> web.Response:
     exchange.status = status
-    exchange.outcome = outcome
-    exchange.error = f"upstream {upstream.name!r} ({upstream.base_url}) {what}"
+    exchange.report(outcome, f"upstream {upstream.name!r} ({upstream.base_url}) {what}")
     type_ = "upstream_timeout" if status == 504 else "upstream_unreachable"
     return error_response(status, f"flightrec: {exchange.error}", type_, None, exchange.id)
 
 
 def proxy_failed(exchange: Exchange, exc: Exception) -> web.Response:
     """A bug in the proxy: the record says what broke, the client gets a 500."""
-    exchange.outcome = "proxy_error"
-    exchange.error = f"{type(exc).__name__}: {exc}"
+    exchange.report("proxy_error", f"{type(exc).__name__}: {exc}")
     exchange.status = 500
     return error_response(500, f"flightrec: {exc}", "proxy_error", None, exchange.id)

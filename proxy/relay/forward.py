@@ -61,9 +61,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return await _exchange(request, config, upstream, rest, record, started)
     except asyncio.CancelledError:
         exchange = record.exchange()
-        if exchange.outcome == "ok":  # else the upstream failed first: that is what happened
-            exchange.outcome = "client_disconnected"
-            exchange.error = "client disconnected; upstream request cancelled"
+        exchange.report("client_disconnected", "client disconnected; upstream request cancelled")
         raise
     except Exception as exc:  # the record must survive a bug here, and the client gets a 500
         log.exception("exchange %s failed inside the proxy", record.id)

@@ -108,14 +108,16 @@ def conclude(exchange: Exchange, request: web.Request, tee: StreamTee | None, si
         if tee is not None:
             tee.finish()
             if exchange.outcome == "ok" and (exchange.status or 0) >= 400:
-                exchange.outcome = "upstream_error"
-                exchange.error = _error_text(exchange.response_json, exchange.response_body)
+                exchange.report(
+                    "upstream_error", _error_text(exchange.response_json, exchange.response_body)
+                )
         _describe_request(exchange, request.headers)
     except Exception as exc:  # a bug here must not cost the record
         log.exception("exchange %s: completing the record failed", exchange.id)
         if exchange.outcome == "ok":
-            exchange.outcome = "proxy_error"
-            exchange.error = f"completing the record failed: {type(exc).__name__}: {exc}"
+            exchange.report(
+                "proxy_error", f"completing the record failed: {type(exc).__name__}: {exc}"
+            )
     finally:
         sinks.accept(exchange)
 

@@ -84,8 +84,7 @@ async def relay(
     except Exception as exc:  # the response has started: a second one cannot be sent
         exchange = record.exchange()
         log.exception("exchange %s failed while relaying", exchange.id)
-        exchange.outcome = "proxy_error"
-        exchange.error = f"{type(exc).__name__}: {exc}"
+        exchange.report("proxy_error", f"{type(exc).__name__}: {exc}")
         response.force_close()
     return response
 
@@ -105,19 +104,18 @@ async def _pump(
                 first = False
                 later.first_piece_sent()
             if not here and cancel_on_disconnect:
-                tee.exchange.error = "client disconnected; upstream request cancelled"
+                tee.exchange.report(
+                    "client_disconnected", "client disconnected; upstream request cancelled"
+                )
                 answer.close()
                 break
         whole = here  # the body ended, and the client was there for all of it
     except TimeoutError:
-        tee.exchange.outcome = "timeout"
-        tee.exchange.error = "upstream went silent mid-body (read_timeout)"
+        tee.exchange.report("timeout", "upstream went silent mid-body (read_timeout)")
     except aiohttp.ClientPayloadError as exc:
-        tee.exchange.outcome = "upstream_disconnected"
-        tee.exchange.error = f"upstream body broken: {exc}"
+        tee.exchange.report("upstream_disconnected", f"upstream body broken: {exc}")
     except aiohttp.ClientConnectionError as exc:
-        tee.exchange.outcome = "upstream_disconnected"
-        tee.exchange.error = f"upstream connection lost: {exc}"
+        tee.exchange.report("upstream_disconnected", f"upstream connection lost: {exc}")
     finally:
         await tee.end(whole=whole)
 
@@ -135,5 +133,4 @@ async def _end(request: web.Request, response: web.StreamResponse, record: Recor
         try:
             await response.write_eof()
         except ConnectionResetError:
-            exchange.outcome = "client_disconnected"
-            exchange.error = "client disconnected before the end of the body"
+            exchange.report("client_disconnected", "client disconnected before the end of the body")

@@ -161,7 +161,7 @@ class StreamTee:
         if exchange.outcome == "client_disconnected" and self._client_has_answer():
             # The client left after it had the whole answer (the openai SDK closes the
             # response at [DONE], without waiting for the body's end): nothing was lost.
-            exchange.outcome, exchange.error = "ok", None
+            exchange.report("ok")
         reader.finish()
         if self._raw is not None:
             exchange.raw_stream_gz = self._raw.gzip()
@@ -191,8 +191,7 @@ class StreamTee:
         except _GONE:
             self._client_here = False
             exchange = self.exchange
-            exchange.outcome = "client_disconnected"
-            exchange.error = "client disconnected"
+            exchange.report("client_disconnected", "client disconnected")
             return False
 
     def _between_events(self) -> bool:
@@ -247,8 +246,9 @@ class StreamTee:
             self._reader_made().readable = False
             exchange = self.exchange
             if exchange.outcome == "ok":
-                exchange.outcome = "proxy_error"
-                exchange.error = f"reading the body failed: {type(exc).__name__}: {exc}"
+                exchange.report(
+                    "proxy_error", f"reading the body failed: {type(exc).__name__}: {exc}"
+                )
 
     def _read(
         self, piece: bytes, arrived: float, delivered: bool | None, written: bytes | None = None

@@ -273,13 +273,14 @@ class BodyReader:
         """A stream that reported an error, or was cut before its final event, did not end ok."""
         exchange = self._exchange
         if self._stream_error is not None:
-            exchange.outcome = "stream_error"
             error = self._stream_error
             message = error.get("message") if isinstance(error, dict) else None
-            exchange.error = message if isinstance(message, str) else orjson.dumps(error).decode()
+            text = message if isinstance(message, str) else orjson.dumps(error).decode()
+            exchange.report("stream_error", text)
         elif self.sse is not None and self.readable and not self.ended and self._endpoint.ends:
-            exchange.outcome = "upstream_disconnected"
-            exchange.error = "stream ended without its final event ([DONE])"
+            exchange.report(
+                "upstream_disconnected", "stream ended without its final event ([DONE])"
+            )
 
     def _problem(self, text: str) -> None:
         if len(self._exchange.parse_errors) < 20:
