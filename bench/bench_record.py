@@ -98,9 +98,9 @@ async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> tup
     await recorder.start()
     begin = time.perf_counter()
     for ex in exchanges:
-        recorder.record(ex)
+        recorder.accept(ex)
     recorded = time.perf_counter()
-    await recorder.close()
+    await recorder.stop()
     end = time.perf_counter()
     return count / (end - begin), (recorded - begin) / count * 1e6
 

@@ -29,7 +29,7 @@ from proxy.relay.appkeys import (
 from proxy.relay.connections import Runner
 from proxy.relay.deferred import READ_DELAY, Later
 from proxy.relay.forward import forward
-from proxy.sinks.fanout import Explains, Recorder, RecorderSink, Sink, Sinks
+from proxy.sinks.fanout import Recorder, Sink, Sinks
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    recorder = request.app[APP_RECORDER]
-    reason = recorder.readiness() if isinstance(recorder, Explains) else None
-    if reason is None and not recorder.ready():
-        reason = "the record cannot keep up"
+    reason = request.app[APP_RECORDER].readiness()
     if reason is None:
         return web.json_response({"status": "ready"})
     return web.json_response({"status": "not ready", "reason": reason}, status=503)
@@ -77,7 +74,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
-    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace)
+    app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace)
     app[APP_LATER] = Later()
     app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)

@@ -154,7 +154,7 @@ class DatabaseRecorder:
         self._writer = writer_for(self._engine, self._busy_timeout_ms)
         self._task = asyncio.create_task(self._run(), name="flightrec-writer")
 
-    def record(self, exchange: Exchange) -> None:
+    def accept(self, exchange: Exchange) -> None:
         if self._closed:
             self._keep_after_close([exchange])
             return
@@ -176,10 +176,7 @@ class DatabaseRecorder:
             return "queue saturated: the database writer is behind"
         return None
 
-    def ready(self) -> bool:
-        return self.readiness() is None
-
-    async def close(self) -> None:
+    async def stop(self) -> None:
         """Write out what is held within `shutdown_grace`; what is journaled and not written
         yet is written by the next start."""
         if self._task is None or self._closed:

@@ -203,7 +203,7 @@ async def playing(config: Config, options: PlaybackOptions) -> AsyncIterator[Run
             finally:
                 await runner.cleanup()
     finally:
-        await recorder.close()  # idempotent: the app's cleanup closed it already
+        await recorder.stop()  # idempotent: the app's cleanup closed it already
 
 
 async def run(config: Config, options: PlaybackOptions) -> None:

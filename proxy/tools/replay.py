@@ -196,7 +196,7 @@ async def _send(config: Config, jobs: list[_Job], concurrency: int) -> None:
     try:
         await runner.setup()
     except BaseException:
-        await recorder.close()
+        await recorder.stop()
         raise
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)

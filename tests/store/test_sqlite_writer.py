@@ -178,11 +178,11 @@ async def test_another_writer_s_lock_is_waited_for_without_holding_the_loop(
     sent = [chat_exchange() for _ in range(3)]
     with Ticker() as ticker:
         for ex in sent:
-            recorder.record(ex)
+            recorder.accept(ex)
         await asyncio.sleep(0.5)  # the writer is waiting for the lock all this while
     other.execute("COMMIT")
     other.close()
-    await recorder.close()
+    await recorder.stop()
     # A writer blocked in SQLite's own busy wait would have held the loop for the whole
     # busy timeout (10 s) and only then spooled.
     assert ticker.longest < 5.0
@@ -212,7 +212,7 @@ async def test_an_error_other_than_busy_spools_and_reconnects(
     admin.execute("ALTER TABLE exchanges RENAME TO exchanges_away")  # "no such table"
     first = [chat_exchange() for _ in range(5)]
     for ex in first:
-        recorder.record(ex)
+        recorder.accept(ex)
     deadline = asyncio.get_running_loop().time() + 10
     while not spool_files(tmp_path):
         assert asyncio.get_running_loop().time() < deadline, "nothing spooled"
@@ -221,8 +221,8 @@ async def test_an_error_other_than_busy_spools_and_reconnects(
     admin.close()
     later = [chat_exchange() for _ in range(5)]
     for ex in later:
-        recorder.record(ex)
-    await recorder.close()
+        recorder.accept(ex)
+    await recorder.stop()
     await assert_stored_once(url, first + later)
 
 
