@@ -20,6 +20,7 @@ from proxy.relay.headers import response_headers
 from proxy.relay.record import Record
 from proxy.relay.tee import StreamTee
 from proxy.stream.endpoints import Endpoint
+from proxy.stream.reader import BodySettings
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +65,19 @@ async def relay(
     response.headers.extend(response_headers(answer.headers, withhold))
     response.headers["X-Flightrec-Id"] = record.id
     await response.prepare(request)
-    tee = record.tee = StreamTee(
-        record.exchange,
-        response.write,
+    settings = BodySettings(
         endpoint,
-        encoding=encoding,
+        encoding,
         sse=is_sse,
         injected=injected and is_sse,  # an upstream may take the option and answer no stream
         withhold=withhold,
+        started=started,
         max_record_bytes=config.max_record_bytes,
         max_stream_record_bytes=config.max_stream_record_bytes,
-        started=started,
         keep_raw=config.store_raw_stream,
-        later=request.app[APP_READ_LATER],
+    )
+    tee = record.tee = StreamTee(
+        record.exchange, response.write, settings, later=request.app[APP_READ_LATER]
     )
     try:
         await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_LATER])

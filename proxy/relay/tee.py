@@ -19,7 +19,6 @@ bytes go out, and when the record looks at them, is decided here:
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,9 +27,8 @@ import aiohttp
 
 from proxy.exchange import Exchange
 from proxy.relay.deferred import Later
-from proxy.stream.endpoints import Endpoint
 from proxy.stream.rawcopy import RawCopy
-from proxy.stream.reader import BodyReader
+from proxy.stream.reader import BodyReader, BodySettings
 from proxy.stream.withhold import Withholder, may_start_with_bom, whole_events, without_usage_events
 
 log = logging.getLogger(__name__)
@@ -56,16 +54,8 @@ class StreamTee:
         self,
         exchange: Exchange | Callable[[], Exchange],
         write: Write,
-        endpoint: Endpoint,
+        settings: BodySettings,
         *,
-        encoding: str,
-        sse: bool,
-        injected: bool,
-        withhold: bool,
-        max_record_bytes: int,
-        max_stream_record_bytes: int = 16 * 1024 * 1024,
-        started: float,
-        keep_raw: bool = False,
         later: Later | None = None,
     ) -> None:
         self._exchange = exchange if isinstance(exchange, Exchange) else None
@@ -73,22 +63,12 @@ class StreamTee:
         """The record, or what makes it: it is made once the first piece is on its way
         (`record.Record`)."""
         self._write = write
-        self._new_reader = functools.partial(
-            BodyReader,
-            endpoint=endpoint,
-            encoding=encoding,
-            sse=sse,
-            withhold=withhold,
-            injected=injected,
-            max_record_bytes=max_record_bytes,
-            max_stream_record_bytes=max_stream_record_bytes,
-            started=started,
-        )
+        self._settings = settings
         self._reader: BodyReader | None = None
         """Made on first use: after the first piece went to the client."""
-        self._withholder = Withholder() if withhold else None
-        self._is_sse = sse
-        self._started = started
+        self._withholder = Withholder() if settings.withhold else None
+        self._is_sse = settings.sse
+        self._started = settings.started
         self._later = later
         self._waiting: list[tuple[bytes, float, bool, bytes | None]] = []
         """Pieces not read yet: when each arrived, whether it went to the client then, and
@@ -98,7 +78,7 @@ class StreamTee:
         self._ended_at = 0.0
         self._raw: RawCopy | None = None
         """The bytes the client received and when (for playback)."""
-        self._keep_raw = keep_raw and sse
+        self._keep_raw = settings.keep_raw and settings.sse
         self._final = _Final.NOT_SEEN
         self._client_here = True
         self._client_has_all = True
@@ -206,7 +186,7 @@ class StreamTee:
     def _reader_made(self) -> BodyReader:
         reader = self._reader
         if reader is None:
-            reader = self._reader = self._new_reader(self.exchange)
+            reader = self._reader = BodyReader(self.exchange, self._settings)
         return reader
 
     def _read_later(self, piece: bytes, delivered: bool, written: bytes | None) -> None:

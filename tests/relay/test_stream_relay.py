@@ -21,6 +21,7 @@ from proxy.relay.deferred import Later
 from proxy.relay.tee import StreamTee
 from proxy.stream.chat import ChatAssembler
 from proxy.stream.endpoints import endpoint
+from proxy.stream.reader import BodySettings
 from proxy.stream.withhold import whole_events, without_null_usage, without_usage_events
 from tests.conftest import FakeUpstream, RunningProxy, captures
 from tests.streamgen import chunks_to_sse, completion_to_chunks, cut_bytes
@@ -356,16 +357,18 @@ class Writes(Client):
 def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> StreamTee:
     settings: dict[str, Any] = {"max_record_bytes": 1 << 20, **options}
     client = settings.pop("client", None) or Client()
-    return StreamTee(
-        Exchange.start("POST", "/v1" + path, "", "openai"),
-        client.write,
+    later = settings.pop("later", None)
+    body = BodySettings(
         endpoint(path),
-        encoding="",
+        "",
         sse=sse,
         injected=withhold,
         withhold=withhold,
         started=time.perf_counter(),
         **settings,
+    )
+    return StreamTee(
+        Exchange.start("POST", "/v1" + path, "", "openai"), client.write, body, later=later
     )
 
 

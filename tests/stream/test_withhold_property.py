@@ -20,6 +20,7 @@ from proxy.exchange import Exchange
 from proxy.relay.deferred import Later
 from proxy.relay.tee import StreamTee
 from proxy.stream.endpoints import endpoint
+from proxy.stream.reader import BodySettings
 from proxy.stream.sse import SSEParser
 from proxy.stream.withhold import without_null_usage
 
@@ -136,17 +137,20 @@ async def _relay(pieces: list[bytes], deferred: bool, flushes: set[int]) -> tupl
     with the timer's turns at `flushes`."""
     client = _Client()
     later = Later(delay=60) if deferred else None
-    tee = StreamTee(
-        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
-        client.write,
+    settings = BodySettings(
         endpoint("/v1/chat/completions"),
-        encoding="",
+        "",
         sse=True,
         injected=True,
         withhold=True,
-        max_record_bytes=1 << 20,
         started=time.perf_counter(),
+        max_record_bytes=1 << 20,
         keep_raw=True,
+    )
+    tee = StreamTee(
+        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
+        client.write,
+        settings,
         later=later,
     )
     for index, piece in enumerate(pieces):
