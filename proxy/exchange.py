@@ -47,8 +47,8 @@ def new_id() -> str:
 
     Within one millisecond the 12-bit `rand_a` field counts up (RFC 9562, method 1), so ids
     minted by one process sort in minting order; 62 random bits keep processes apart. Ids are
-    minted on the event loop's thread only, so no lock. Formatted directly: building a
-    `uuid.UUID` cost more than the rest of the function.
+    minted on the event loop's thread only, so no lock. Formatted directly, without building a
+    `uuid.UUID`: an id is minted per request.
     """
     return format_id(id_place())
 

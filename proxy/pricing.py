@@ -99,8 +99,8 @@ class ExactRates(NamedTuple):
 class Tokens(NamedTuple):
     """Usage normalised across endpoints; every detail count is at most the total it is in.
 
-    A named tuple, not a frozen dataclass: the recorder makes one per exchange, and a frozen
-    dataclass's `__init__` cost more than the pricing around it."""
+    A named tuple, not a frozen dataclass: the recorder makes one per exchange, and a named
+    tuple is the cheapest immutable record to build (docs/performance.md)."""
 
     prompt: int
     """All prompt (input) tokens, cached and audio included."""

@@ -26,7 +26,7 @@ def _tune_gc() -> None:
     Everything alive after start-up (SQLAlchemy, alembic, aiohttp and their caches) lives as
     long as the process: `gc.freeze()` takes it out of every later collection. Each exchange
     allocates many short-lived containers, so young collections run every 20,000 allocations
-    instead of 700.
+    (Python's default is 700).
     """
     gc.collect()
     gc.freeze()

@@ -47,27 +47,27 @@ async def forward(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     place = id_place()  # now: ids sort as the requests came
     config = request.app[APP_CONFIG]
-    found = route(config.upstreams, request.raw_path)
-    if found is None:
+    routed = route(config.upstreams, request.raw_path)
+    if routed is None:
         return not_routed(request)
-    refused = isinstance(found, Refused)
-    upstream, rest = (found.upstream, found.rest) if isinstance(found, Refused) else found
+    refused = isinstance(routed, Refused)
+    upstream, rest = (routed.upstream, routed.rest) if isinstance(routed, Refused) else routed
     record = Record(place, request.method, upstream, rest, began)
     later = request.app[APP_LATER]
     later.under_way += 1
     try:
         if refused:
-            return refuse_path(record.exchange(), upstream)
+            return refuse_path(record.ensure_exchange(), upstream)
         return await _exchange(request, config, upstream, rest, record, started)
     except asyncio.CancelledError:
-        exchange = record.exchange()
+        exchange = record.ensure_exchange()
         exchange.report("client_disconnected", "client disconnected; upstream request cancelled")
         raise
     except Exception as exc:  # the record must survive a bug here, and the client gets a 500
         log.exception("exchange %s failed inside the proxy", record.id)
-        return proxy_failed(record.exchange(), exc)
+        return proxy_failed(record.ensure_exchange(), exc)
     finally:
-        exchange = record.exchange()
+        exchange = record.ensure_exchange()
         exchange.duration_ms = (time.perf_counter() - started) * 1000
         # Completed off the way of the client's next request (`Later`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
@@ -87,24 +87,26 @@ async def _exchange(
     try:
         body = await _read_body(request, config.client_body_timeout)
     except TimeoutError:
-        return await too_slow(request, record.exchange(), config.client_body_timeout)
+        return await too_slow(request, record.ensure_exchange(), config.client_body_timeout)
     except web.HTTPRequestEntityTooLarge:
-        return too_large(record.exchange(), config)
+        return too_large(record.ensure_exchange(), config)
     path = request.raw_path.partition("?")[0]
-    known = endpoint(path)
-    inject = config.stream_usage == "inject" and known.stream_options
-    sent = record.body = upstream_body(body, inject=inject)
+    path_endpoint = endpoint(path)
+    inject = config.stream_usage == "inject" and path_endpoint.stream_options
+    outgoing = record.body = upstream_body(body, inject=inject)
     url = URL(upstream.base_url + rest, encoded=True)
     try:
-        answer = await _send_upstream(request, url, sent)
+        answer = await _send_upstream(request, url, outgoing)
     except TimeoutError:
-        return unreachable(record.exchange(), upstream, 504, "timeout", "timed out")
+        return unreachable(record.ensure_exchange(), upstream, 504, "timeout", "timed out")
     except aiohttp.ClientError as exc:
         return unreachable(
-            record.exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
+            record.ensure_exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
         )
     async with answer:
-        return await relay(request, config, answer, record, known, sent.injected, started)
+        return await relay(
+            request, config, answer, record, path_endpoint, outgoing.injected, started
+        )
 
 
 async def _read_body(request: web.Request, seconds: float) -> bytes:

@@ -70,7 +70,7 @@ class Record:
         if self._exchange is not None:
             self._fill_answer(self._exchange)
 
-    def exchange(self) -> Exchange:
+    def ensure_exchange(self) -> Exchange:
         exchange = self._exchange
         if exchange is None:
             upstream = self._upstream

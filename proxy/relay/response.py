@@ -77,13 +77,13 @@ async def relay(
         keep_raw=config.store_raw_stream,
     )
     tee = record.tee = StreamTee(
-        record.exchange, response.write, settings, later=request.app[APP_READ_LATER]
+        record.ensure_exchange, response.write, settings, later=request.app[APP_READ_LATER]
     )
     try:
         await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_LATER])
         await _end(request, response, record)
     except Exception as exc:  # the response has started: a second one cannot be sent
-        exchange = record.exchange()
+        exchange = record.ensure_exchange()
         log.exception("exchange %s failed while relaying", exchange.id)
         exchange.report("proxy_error", f"{type(exc).__name__}: {exc}")
         response.force_close()
@@ -123,7 +123,7 @@ async def _pump(
 
 async def _end(request: web.Request, response: web.StreamResponse, record: Record) -> None:
     """End the response as the upstream's body ended."""
-    exchange = record.exchange()
+    exchange = record.ensure_exchange()
     if exchange.outcome in ("upstream_disconnected", "timeout"):
         # A cut body must look cut to the client too: the connection closes without
         # the body's end (aiohttp would write it once the handler returns).

@@ -8,7 +8,7 @@ one event, as a mitmproxy addon reacts to one hook, and never to the order of ot
 
 With `[[redact]]` rules, `Keep` runs on one worker thread, exchanges in the order accepted, and
 each kept exchange goes to the sinks back on the event loop, in that order: a long redaction
-no longer holds every other request (the loop gets the GIL back between the redactor's steps,
+does not hold every other request (the loop gets the GIL back between the redactor's steps,
 though not during one regular-expression search, which holds it). `stop` first waits (up to
 `grace` seconds) for the exchanges being redacted and delivers them; one still unfinished then
 is delivered without its bodies. An exchange being redacted is not yet journaled: a kill -9

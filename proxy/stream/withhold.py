@@ -35,7 +35,7 @@ _NULL_MEMBER = b',"usage":null'
 
 def _first_key(events: bytes) -> int:
     """Where the first usage key in `events` may be: 0 when one may be spelled with escapes
-    (a one-byte search first, far cheaper than the four-byte one: docs/performance.md), -1
+    (a one-byte search first, then the four-byte one: docs/performance.md), -1
     when there is none."""
     if b"\\" in events and _ESCAPE in events:
         return 0
