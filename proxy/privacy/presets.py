@@ -42,8 +42,9 @@ PRESETS: dict[str, str] = {
 """Patterns of the presets. None starts with a lookbehind or an alternation (what comes before
 a match is the check's to judge): Python's engine skips ahead to where a pattern's first
 character class can match (docs/performance.md). Digits are ASCII (`[0-9]`, not a digit
-category, which Python tests character by character). Each is searched in linear time: an unbounded repetition ends the match (it cannot
-fail after it), and what could fail after a long run cannot start again inside it."""
+category, which Python tests character by character). Each is searched in linear time: an
+unbounded repetition ends the match (it cannot fail after it), and what could fail after a
+long run cannot start again inside it."""
 
 
 def luhn(digits: str) -> bool:
