@@ -1,7 +1,7 @@
 """The exchange: one request through the proxy and everything that happened to it.
 
 An `Exchange` is created when a request arrives (`forward.py`), filled in as the response
-streams through, and handed whole to the sinks at the end (`sinks.py`), whatever the outcome.
+streams through, and handed whole to the sinks at the end (`sinks/fanout.py`), whatever the outcome.
 The store writes it to rows and reads rows back into the same shape for `logs`, `show` and
 `replay`.
 """

@@ -4,7 +4,7 @@
 metrics and traces all get the same record: bodies the client asked to omit
 (`X-Flightrec-Omit`) or `store_bodies = "metadata"` keeps out are gone, and the `[[redact]]`
 rules have run (`redact.py`), the record noting in `redacted` which matched. This runs when the
-record is completed (`record.conclude`, deferred by `Later`), never on the relay's path; with
+record is completed (`record.conclude`, deferred by `Deferred`), never on the relay's path; with
 no rules and full bodies it only clears what the client asked to omit.
 """
 

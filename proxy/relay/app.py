@@ -20,14 +20,14 @@ from proxy.config import Config
 from proxy.privacy.keep import Keep
 from proxy.relay.appkeys import (
     APP_CONFIG,
-    APP_LATER,
-    APP_READ_LATER,
+    APP_DEFERRED,
+    APP_DEFERRED_READS,
     APP_RECORDER,
     APP_SESSION,
     APP_SINKS,
 )
 from proxy.relay.connections import Runner
-from proxy.relay.deferred import READ_DELAY, Later
+from proxy.relay.deferred import READ_DELAY, Deferred
 from proxy.relay.forward import forward
 from proxy.sinks.fanout import Recorder, Sink, Sinks
 
@@ -65,7 +65,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 async def _sinks(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SINKS].start()
     yield
-    app[APP_LATER].flush(close=True)  # records still being completed go to the sinks first
+    app[APP_DEFERRED].flush(close=True)  # records still being completed go to the sinks first
     await app[APP_SINKS].stop()
 
 
@@ -75,8 +75,8 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
     app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace)
-    app[APP_LATER] = Later()
-    app[APP_READ_LATER] = Later(READ_DELAY)
+    app[APP_DEFERRED] = Deferred()
+    app[APP_DEFERRED_READS] = Deferred(READ_DELAY)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_sinks)
     app.router.add_get("/healthz", healthz)

@@ -22,7 +22,7 @@ from yarl import URL
 
 from proxy.config import Config, Upstream
 from proxy.exchange import id_place
-from proxy.relay.appkeys import APP_CONFIG, APP_LATER, APP_SESSION, APP_SINKS
+from proxy.relay.appkeys import APP_CONFIG, APP_DEFERRED, APP_SESSION, APP_SINKS
 from proxy.relay.errors import (
     not_routed,
     proxy_failed,
@@ -53,7 +53,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     refused = isinstance(routed, Refused)
     upstream, rest = (routed.upstream, routed.rest) if isinstance(routed, Refused) else routed
     record = Record(place, request.method, upstream, rest, began)
-    later = request.app[APP_LATER]
+    later = request.app[APP_DEFERRED]
     later.under_way += 1
     try:
         if refused:
@@ -69,7 +69,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     finally:
         exchange = record.ensure_exchange()
         exchange.duration_ms = (time.perf_counter() - started) * 1000
-        # Completed off the way of the client's next request (`Later`).
+        # Completed off the way of the client's next request (`Deferred`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
         later.under_way -= 1
         later.add(conclude, exchange, request, tee, request.app[APP_SINKS])

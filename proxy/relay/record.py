@@ -3,7 +3,7 @@
 `Record` holds what the record needs while the exchange runs and makes the `Exchange` once the
 client has the first byte of the answer (or sooner, when the exchange ends sooner): filling its
 forty fields on the way to the first byte would delay it. `conclude` completes the record after
-the response, when the client's next request has gone on (`Later`), and hands it to the sinks
+the response, when the client's next request has gone on (`Deferred`), and hands it to the sinks
 (which first take out what the record may not keep: `keep.py`).
 """
 

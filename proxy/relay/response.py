@@ -14,8 +14,8 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
-from proxy.relay.appkeys import APP_LATER, APP_READ_LATER
-from proxy.relay.deferred import Later
+from proxy.relay.appkeys import APP_DEFERRED, APP_DEFERRED_READS
+from proxy.relay.deferred import Deferred
 from proxy.relay.headers import response_headers
 from proxy.relay.record import Record
 from proxy.relay.tee import StreamTee
@@ -77,10 +77,10 @@ async def relay(
         keep_raw=config.store_raw_stream,
     )
     tee = record.tee = StreamTee(
-        record.ensure_exchange, response.write, settings, later=request.app[APP_READ_LATER]
+        record.ensure_exchange, response.write, settings, later=request.app[APP_DEFERRED_READS]
     )
     try:
-        await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_LATER])
+        await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_DEFERRED])
         await _end(request, response, record)
     except Exception as exc:  # the response has started: a second one cannot be sent
         exchange = record.ensure_exchange()
@@ -91,7 +91,7 @@ async def relay(
 
 
 async def _pump(
-    answer: aiohttp.ClientResponse, tee: StreamTee, cancel_on_disconnect: bool, later: Later
+    answer: aiohttp.ClientResponse, tee: StreamTee, cancel_on_disconnect: bool, later: Deferred
 ) -> None:
     """Copy the upstream body to the client through the tee as it arrives; the outcome says
     how the body ended when it did not end normally."""
@@ -101,7 +101,7 @@ async def _pump(
     try:
         async for piece in answer.content.iter_any():
             here = await tee.relay(piece)
-            if first:  # earlier exchanges' deferred work may go now (`Later`)
+            if first:  # earlier exchanges' deferred work may go now (`Deferred`)
                 first = False
                 later.first_piece_sent()
             if not here and cancel_on_disconnect:

@@ -5,7 +5,7 @@ body to the client and has it read for the record; `end(whole=...)` says the bod
 bytes go out, and when the record looks at them, is decided here:
 
 - Normally a piece goes to the client as it came, and `BodyReader` (`reader.py`) reads it a
-  moment later (through `Later`): the kernel wakes the reader of a local socket on the writer's
+  moment later (through `Deferred`): the kernel wakes the reader of a local socket on the writer's
   CPU, so work done straight after a write delays the client reading it. Once the body has
   ended, what still waits is read by `finish`, with the rest of the record's work.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from proxy.exchange import Exchange
-from proxy.relay.deferred import Later
+from proxy.relay.deferred import Deferred
 from proxy.stream.rawcopy import RawCopy
 from proxy.stream.reader import BodyReader, BodySettings
 from proxy.stream.withhold import Withholder, may_start_with_bom, whole_events, without_usage_events
@@ -56,7 +56,7 @@ class StreamTee:
         write: Write,
         settings: BodySettings,
         *,
-        later: Later | None = None,
+        later: Deferred | None = None,
     ) -> None:
         self._exchange = exchange if isinstance(exchange, Exchange) else None
         self._make_exchange = exchange

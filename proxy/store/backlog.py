@@ -1,7 +1,7 @@
 """The records waiting for the database writer, in the order the writer takes them.
 
 `add()` buffers a record; one write at the end of the event loop's turn appends the buffer to
-the journal (records completed together, in one batch of `Later`, go in one write), so the
+the journal (records completed together, in one batch of `Deferred`, go in one write), so the
 relay never waits on the disk or the database. Journaled records also stay in memory, up to
 `queue_size`, so the writer rarely reads the file back. Records the journal refuses (full,
 disk full, not writable) are kept in memory only and go first; what does not fit is lost,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.exchange import Exchange
-from proxy.relay.deferred import Later
+from proxy.relay.deferred import Deferred
 from proxy.relay.tee import StreamTee
 from proxy.stream.endpoints import endpoint
 from proxy.stream.reader import BodySettings
@@ -133,10 +133,10 @@ class _Client:
 
 
 async def _relay(pieces: list[bytes], deferred: bool, flushes: set[int]) -> tuple[bytes, Exchange]:
-    """The client's bytes and the record; `deferred`: pieces read a moment later (`Later`),
+    """The client's bytes and the record; `deferred`: pieces read a moment later (`Deferred`),
     with the timer's turns at `flushes`."""
     client = _Client()
-    later = Later(delay=60) if deferred else None
+    later = Deferred(delay=60) if deferred else None
     settings = BodySettings(
         endpoint("/v1/chat/completions"),
         "",
