@@ -123,6 +123,10 @@ class Exchange:
     user: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     replay_of: str | None = None
+    session: str | None = None
+    """The session the exchange belongs to (SPEC sections 8 and 11): every response of one
+    WebSocket connection shares its id, as do the exchanges a client groups with
+    `X-Flightrec-Session`, a Responses `previous_response_id` chain, or a continued chat."""
     usage: dict[str, Any] | None = None
     usage_source: UsageSource | None = None
     """Where `usage` came from; None for endpoints that never report usage."""

@@ -166,6 +166,7 @@ def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any
         "key_hint": row["key_hint"],
         "key_hash": row["key_hash"],
         "replay_of": row["replay_of"],
+        "session": row["session"],
         "ttfb_ms": row["ttfb_ms"],
         "ttft_ms": row["ttft_ms"],
         "duration_ms": row["duration_ms"],

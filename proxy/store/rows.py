@@ -172,6 +172,7 @@ def _exchange_row(
         "cost_usd": cost,
         "price_entry": entry,
         "redacted": _json(ex.redacted),
+        "session": _text(ex.session),
     }
 
 

@@ -93,12 +93,15 @@ exchanges = sa.Table(
     sa.Column("price_entry", sa.String()),
     # Which `[[redact]]` rules matched, and what was not kept (migration 0005).
     sa.Column("redacted", Json),
+    # The session the exchange belongs to (migration 0006).
+    sa.Column("session", sa.String()),
     sa.Index(None, "started_at"),
     sa.Index(None, "model", "started_at"),
     sa.Index(None, "key_hash", "started_at"),
     # Partial: most records have no user and are not replays (migration 0002).
     sa.Index(None, "end_user", "started_at", **_where_set("end_user")),
     sa.Index(None, "replay_of", **_where_set("replay_of")),
+    sa.Index(None, "session", "started_at", **_where_set("session")),
     # Partial: only failures, what the console's error filters look for (migration 0003).
     sa.Index(None, "outcome", "started_at", **_where("outcome <> 'ok'")),
     sa.Index(None, "status", "started_at", **_where("status >= 400")),

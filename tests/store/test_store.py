@@ -90,6 +90,7 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
     ex.outcome, ex.parse_errors = "stream_error", ["bad line"]
     ex.redacted = {"rules": ["email"], "dropped": ["logprobs"]}
     ex.response_bytes, ex.content_type = 4_000_000_000, "text/event-stream"
+    ex.session = "sess-42"
     await write(engine, [ex])
     async with engine.connect() as conn:
         stored = (await conn.execute(sa.select(t.exchanges))).one()._asdict()
@@ -135,6 +136,7 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
         "parse_errors": ["bad line"],
         "price_entry": stored["price_entry"],
         "redacted": {"rules": ["email"], "dropped": ["logprobs"]},
+        "session": "sess-42",
     }
     assert stored["price_entry"].startswith("gpt-4o-mini (table:")
     assert completion == {
