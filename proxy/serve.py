@@ -10,6 +10,8 @@ from aiohttp import web
 from proxy.config import Config
 from proxy.console import start_console
 from proxy.relay.app import build_app, make_runner
+from proxy.relay.appkeys import APP_IN_FLIGHT
+from proxy.relay.inflight import stop_relay
 from proxy.sinks.fanout import Recorder, Sink
 from proxy.sinks.metrics import MetricsSink
 from proxy.sinks.otlp import OtlpExporter
@@ -67,6 +69,6 @@ async def run(
         await until_stopped()
         log.info("stopping: finishing in-flight exchanges (up to %.0fs)", config.shutdown_grace)
     finally:
+        await stop_relay(runner, app[APP_IN_FLIGHT], config.shutdown_grace)
         if console is not None:
             await console.cleanup()
-        await runner.cleanup()

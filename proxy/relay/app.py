@@ -22,6 +22,7 @@ from proxy.relay.appkeys import (
     APP_CONFIG,
     APP_DEFERRED,
     APP_DEFERRED_READS,
+    APP_IN_FLIGHT,
     APP_RECORDER,
     APP_SESSION,
     APP_SINKS,
@@ -29,6 +30,7 @@ from proxy.relay.appkeys import (
 from proxy.relay.connections import Runner
 from proxy.relay.deferred import READ_DELAY, Deferred
 from proxy.relay.forward import forward
+from proxy.relay.inflight import InFlight
 from proxy.sinks.fanout import Recorder, Sink, Sinks
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace)
     app[APP_DEFERRED] = Deferred()
     app[APP_DEFERRED_READS] = Deferred(READ_DELAY)
+    app[APP_IN_FLIGHT] = InFlight()
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_sinks)
     app.router.add_get("/healthz", healthz)

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.relay.deferred import Deferred
+from proxy.relay.inflight import InFlight
 from proxy.sinks.fanout import Recorder, Sinks
 
 APP_CONFIG = web.AppKey("config", Config)
@@ -18,3 +19,5 @@ APP_RECORDER = web.AppKey("recorder", Recorder)
 APP_SINKS = web.AppKey("sinks", Sinks)
 """Where every finished exchange goes."""
 APP_SESSION = web.AppKey("session", aiohttp.ClientSession)
+APP_IN_FLIGHT = web.AppKey("in_flight", InFlight)
+"""The exchanges being relayed: what SIGTERM waits for, then cuts (`inflight`)."""

@@ -22,7 +22,7 @@ from yarl import URL
 
 from proxy.config import Config, Upstream
 from proxy.exchange import id_place
-from proxy.relay.appkeys import APP_CONFIG, APP_DEFERRED, APP_SESSION, APP_SINKS
+from proxy.relay.appkeys import APP_CONFIG, APP_DEFERRED, APP_IN_FLIGHT, APP_SESSION, APP_SINKS
 from proxy.relay.errors import (
     not_routed,
     proxy_failed,
@@ -55,13 +55,18 @@ async def forward(request: web.Request) -> web.StreamResponse:
     record = Record(place, request.method, upstream, rest, began)
     later = request.app[APP_DEFERRED]
     later.under_way += 1
+    in_flight = request.app[APP_IN_FLIGHT]
+    in_flight.enter()
     try:
         if refused:
             return refuse_path(record.ensure_exchange(), upstream)
         return await _exchange(request, config, upstream, rest, record, started)
     except asyncio.CancelledError:
         exchange = record.ensure_exchange()
-        exchange.report("client_disconnected", "client disconnected; upstream request cancelled")
+        if in_flight.cut:  # shutdown cancelled it, past its grace (`inflight`)
+            exchange.report("proxy_error", in_flight.cut)
+        else:
+            exchange.report("client_disconnected", "client disconnected; upstream request cancelled")
         raise
     except Exception as exc:  # the record must survive a bug here, and the client gets a 500
         log.exception("exchange %s failed inside the proxy", record.id)
@@ -72,6 +77,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         # Completed off the way of the client's next request (`Deferred`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
         later.under_way -= 1
+        in_flight.leave()
         later.add(conclude, exchange, request, tee, request.app[APP_SINKS])
 
 
