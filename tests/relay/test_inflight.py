@@ -1,5 +1,5 @@
-"""SIGTERM while exchanges outlast `shutdown_grace`: a real `flightrec serve` process, a real
-upstream slower than the grace, a real SQLite database.
+"""SIGTERM while exchanges outlast `shutdown_grace` (`proxy/relay/inflight.py`): a real `flightrec
+serve` process, a real upstream slower than the grace, a real SQLite database.
 
 A container engine sends SIGTERM and, 10 s later (Docker, podman) or 30 s (Kubernetes),
 SIGKILL. What has not finished when the grace is over must be recorded as cut and journaled
@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from .conftest import reserved_port, serving, wait_until_up
+from tests.conftest import reserved_port, serving, wait_until_up
 
 UPSTREAM_SECONDS = 15.0
 GRACE = 1.0
