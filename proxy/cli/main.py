@@ -1,7 +1,7 @@
 """The `flightrec` command line. Thin: each command parses flags and calls into the modules.
 
-This module holds the group and the serving commands (`serve`, `console`, `replay`,
-`playback`); the database commands are in `proxy/cli/store.py`, the shared flags in
+This module holds the group and the serving commands (`serve`, `console`, `health`,
+`replay`, `playback`); the database commands are in `proxy/cli/store.py`, the shared flags in
 `proxy/cli/options.py`.
 
 Every error a user can cause (bad config, unknown id, unreachable database) becomes one line on
@@ -30,6 +30,7 @@ from proxy.cli.options import (
     tag_option,
     user_errors,
 )
+from proxy.health import check
 from proxy.logs import log_to_stderr
 
 
@@ -116,6 +117,22 @@ def console(
     check_bind(cfg.console_host, cfg.console_token, "--host" if host is not None else None)
     log_to_stderr(cfg.log_level)
     asyncio.run(run_console(cfg))
+
+
+@main.command()
+@config_option
+@click.option("--host", default=None, help="The address serve listens on (default 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="The port serve listens on (default 8080).")
+@click.option("--ready", is_flag=True, help="Ask /readyz (records flow) instead of /healthz (up).")
+@click.option("--timeout", default=5.0, type=float, show_default=True, help="Seconds to wait.")
+@user_errors
+def health(
+    config_path: str | None, host: str | None, port: int | None, ready: bool, timeout: float
+) -> None:
+    """Ask the proxy this config describes whether it is up; exit 0 if so, else 1."""
+    found = check(load_config(config_path, host=host, port=port), ready=ready, timeout=timeout)
+    click.echo(found.line, err=not found.ok)
+    raise SystemExit(0 if found.ok else 1)
 
 
 # --- `replay`, `playback` (thin; the work is in proxy/tools/replay.py and playback.py) ---
