@@ -66,7 +66,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
         if in_flight.cut:  # shutdown cancelled it, past its grace (`inflight`)
             exchange.report("proxy_error", in_flight.cut)
         else:
-            exchange.report("client_disconnected", "client disconnected; upstream request cancelled")
+            exchange.report(
+                "client_disconnected", "client disconnected; upstream request cancelled"
+            )
         raise
     except Exception as exc:  # the record must survive a bug here, and the client gets a 500
         log.exception("exchange %s failed inside the proxy", record.id)
