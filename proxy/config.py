@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.alert_rules import AlertRule, Budget, parse_watch
 from proxy.privacy.redact import RedactRule, parse_rules
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
@@ -107,6 +108,9 @@ class Config:
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
     """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
     shipped table by `proxy.pricing.PriceTable.load`."""
+    alerts: tuple[AlertRule, ...] = ()
+    budgets: tuple[Budget, ...] = ()
+    alerts_interval: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +269,7 @@ KEYS: dict[str, Key] = {
     ),
     "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
     "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),
+    "alerts_interval": Key(_seconds, "seconds between two evaluations of alerts and budgets"),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
@@ -359,7 +364,7 @@ def load(
 
     given: dict[str, tuple[str, Any]] = {}  # key: (where it was given, the value that wins)
     for key, value in raw.items():
-        if key in ("upstreams", "prices", "redact"):
+        if key in ("upstreams", "prices", "redact", "alerts", "budgets"):
             continue
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown config key (see config.example.toml)")
@@ -384,6 +389,8 @@ def load(
     if rules is not None:
         config = replace(config, redact=parse_rules(rules, ConfigError))
     _check_retention(config)
+    alerts, budgets = parse_watch(raw.get("alerts", []), raw.get("budgets", []), ConfigError)
+    config = replace(config, alerts=alerts, budgets=budgets)
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"

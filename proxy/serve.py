@@ -1,4 +1,4 @@
-"""serve: the relay, its sinks, the console and retention, until SIGTERM or SIGINT."""
+"""serve: the relay, its sinks, the console, retention and alerts, until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import logging
 
 from aiohttp import web
 
+from proxy.alerts.watch import Watcher
+from proxy.alerts.watch import background as alerts_background
 from proxy.config import Config
 from proxy.console import start_console
 from proxy.relay.app import build_app, make_runner
-from proxy.relay.appkeys import APP_IN_FLIGHT
+from proxy.relay.appkeys import APP_BLOCKED, APP_IN_FLIGHT
 from proxy.relay.inflight import stop_relay
 from proxy.sinks.fanout import Recorder, Sink
 from proxy.sinks.metrics import MetricsSink
@@ -48,6 +50,9 @@ async def run(
     app = build_app(config, recorder, sinks=sinks)
     if config.retention_days or config.retention_bodies_days:
         app.cleanup_ctx.append(background(config))
+    if config.alerts or config.budgets:
+        watcher = Watcher(config, app[APP_BLOCKED], metrics.registry)
+        app.cleanup_ctx.append(alerts_background(watcher, config.db_url))
     runner = make_runner(app, config)
     _tune_gc()
     await runner.setup()

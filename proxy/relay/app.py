@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 from aiohttp import web
 
+from proxy.alert_rules import Blocked
 from proxy.config import Config
 from proxy.privacy.keep import Keep
 from proxy.relay.appkeys import (
+    APP_BLOCKED,
     APP_CONFIG,
     APP_DEFERRED,
     APP_DEFERRED_READS,
@@ -76,6 +78,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
+    app[APP_BLOCKED] = Blocked()
     app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace)
     app[APP_DEFERRED] = Deferred()
     app[APP_DEFERRED_READS] = Deferred(READ_DELAY)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from proxy.alert_rules import Blocked
 from proxy.config import Config
 from proxy.relay.deferred import Deferred
 from proxy.relay.inflight import InFlight
@@ -21,3 +22,5 @@ APP_SINKS = web.AppKey("sinks", Sinks)
 APP_SESSION = web.AppKey("session", aiohttp.ClientSession)
 APP_IN_FLIGHT = web.AppKey("in_flight", InFlight)
 """The exchanges being relayed: what SIGTERM waits for, then cuts (`inflight`)."""
+APP_BLOCKED = web.AppKey("blocked", Blocked)
+"""Spent blocking budgets (`proxy.relay.budgets`), kept by `serve`'s alert evaluation."""

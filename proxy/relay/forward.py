@@ -22,8 +22,17 @@ from yarl import URL
 
 from proxy.config import Config, Upstream
 from proxy.exchange import id_place
-from proxy.relay.appkeys import APP_CONFIG, APP_DEFERRED, APP_IN_FLIGHT, APP_SESSION, APP_SINKS
+from proxy.relay.appkeys import (
+    APP_BLOCKED,
+    APP_CONFIG,
+    APP_DEFERRED,
+    APP_IN_FLIGHT,
+    APP_SESSION,
+    APP_SINKS,
+)
+from proxy.relay.budgets import over_budget
 from proxy.relay.errors import (
+    budget_exceeded,
     not_routed,
     proxy_failed,
     refuse_path,
@@ -102,6 +111,9 @@ async def _exchange(
     path_endpoint = endpoint(path)
     inject = config.stream_usage == "inject" and path_endpoint.stream_options
     outgoing = record.body = upstream_body(body, inject=inject)
+    blocked = request.app[APP_BLOCKED]
+    if blocked.budgets and (budget := over_budget(blocked, request.headers, body)) is not None:
+        return budget_exceeded(record.ensure_exchange(), budget)
     url = URL(upstream.base_url + rest, encoded=True)
     try:
         answer = await _send_upstream(request, url, outgoing)

@@ -224,3 +224,34 @@ rollup_tags = sa.Table(
     sa.Column("value", sa.String(), nullable=False),
     sa.Index(None, "key", "value"),
 )
+
+alert_state = sa.Table(
+    "alert_state",
+    metadata,
+    sa.Column("alert", sa.String(), primary_key=True),
+    sa.Column("group_key", sa.String(), primary_key=True),
+    sa.Column("state", sa.String(), nullable=False),
+    sa.Column("value", sa.Double()),
+    sa.Column("threshold", sa.Double()),
+    sa.Column("detail", sa.Text()),
+    sa.Column("changed_at", Time, nullable=False),
+)
+"""One row per alert (or budget) and group: `ok`, `firing`, or a budget's level (`50`, `80`,
+`100`). Moved only by a compare-and-set update (`proxy/alerts/state.py`), so that of all the
+processes sharing the database, one delivers each crossing (migration 0009)."""
+
+alert_events = sa.Table(
+    "alert_events",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("at", Time, nullable=False),
+    sa.Column("alert", sa.String(), nullable=False),
+    sa.Column("group_key", sa.String(), nullable=False),
+    sa.Column("state", sa.String(), nullable=False),
+    sa.Column("previous", sa.String(), nullable=False),
+    sa.Column("value", sa.Double()),
+    sa.Column("threshold", sa.Double()),
+    sa.Column("detail", sa.Text()),
+    sa.Index(None, "at"),
+)
+"""Every move of an `alert_state` row: what the console's `/alerts` lists as past alerts."""

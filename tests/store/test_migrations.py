@@ -37,6 +37,8 @@ TABLES = {
     "fingerprints",
     "rollups",
     "rollup_tags",
+    "alert_state",
+    "alert_events",
 }
 
 
