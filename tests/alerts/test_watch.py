@@ -1,0 +1,258 @@
+"""The evaluation of alerts and budgets over a real database (both engines): each crossing is
+moved once, by one of several watchers, and delivered to a real webhook receiver once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import sqlalchemy as sa
+from aiohttp import web
+
+from proxy.alert_rules import Blocked
+from proxy.alerts import state
+from proxy.alerts.watch import Watcher
+from proxy.config import Config, load
+from proxy.exchange import Exchange
+from proxy.store import create_engine
+from proxy.store import tables as t
+from tests.conftest import serving
+from tests.dbs import chat_exchange, db_url, recorded, store
+
+__all__ = ["db_url"]
+
+NOW = datetime(2026, 11, 27, 10, 0, 0, tzinfo=UTC)
+COST = 8.25e-6
+"""What `chat_exchange` costs at gpt-4o-mini's shipped prices: 5 uncached prompt tokens at
+$0.15/M, 4 cached at $0.075/M, 12 output at $0.60/M."""
+
+
+def config(tmp_path: Path, text: str) -> Config:
+    path = tmp_path / "alerts.toml"
+    path.write_text(text)
+    return load(path, env={})
+
+
+def at(seconds_before: float, **fields: Any) -> Exchange:
+    return chat_exchange(started_at=NOW.timestamp() - seconds_before, **fields)
+
+
+class Receiver:
+    """A webhook receiver: a real aiohttp server collecting each posted body's `text`."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.texts.append(orjson.loads(await request.read())["text"])
+        return web.Response(text="ok")
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[tuple[Receiver, str]]:
+    receiver = Receiver()
+    async with serving("/hook", receiver.handle) as url:
+        yield receiver, url + "/hook"
+
+
+async def rounds(url: str, watchers: list[Watcher], now: datetime) -> list[state.Move]:
+    """One evaluation by each watcher at once, each with its own engine (as processes)."""
+    engines = [create_engine(url) for _ in watchers]
+    try:
+        found = await asyncio.gather(*(w.evaluate(e, now) for w, e in zip(watchers, engines)))
+    finally:
+        for engine in engines:
+            await engine.dispose()
+    return [move for moves in found for move in moves]
+
+
+async def delivered(watchers: list[Watcher]) -> None:
+    for watcher in watchers:
+        await watcher.delivery.stop()
+
+
+async def test_spend_fires_once_among_watchers_and_clears_below_clear(
+    db_url: str, tmp_path: Path, hook: tuple[Receiver, str]
+) -> None:
+    receiver, hook_url = hook
+    cfg = config(tmp_path, f"""
+[[alerts]]
+name = "spend"
+kind = "spend"
+window = "60s"
+threshold = 0.00002
+webhook_url = "{hook_url}"
+""")  # fmt: skip
+    # Three in the window ($24.75e-6 > $20e-6), at 50, 30 and 10 seconds before NOW.
+    await recorded(db_url, [at(50), at(30), at(10), at(500)])
+    watchers = [Watcher(cfg, Blocked()) for _ in range(3)]
+    moves = await rounds(db_url, watchers, NOW)
+    assert [(m.alert, m.previous, m.state) for m in moves] == [("spend", "ok", "firing")]
+    assert await rounds(db_url, watchers, NOW) == []
+    # 20 s later two are left ($16.5e-6): between clear ($16e-6) and threshold, still firing.
+    assert await rounds(db_url, watchers, NOW.replace(second=20)) == []
+    # 40 s later one is left ($8.25e-6): cleared, once.
+    moves = await rounds(db_url, watchers, NOW.replace(second=40))
+    assert [(m.previous, m.state) for m in moves] == [("firing", "ok")]
+    await delivered(watchers)
+    assert len(receiver.texts) == 2
+    assert receiver.texts[0].startswith("flightrec alert spend FIRING: $0.0000 spent over 1m")
+    assert "cleared" in receiver.texts[1]
+    engine = create_engine(db_url)
+    try:
+        events = await state.events(engine)
+    finally:
+        await engine.dispose()
+    assert [(e["previous"], e["state"]) for e in events] == [("firing", "ok"), ("ok", "firing")]
+
+
+async def test_alert_by_group_fires_per_group(db_url: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, """
+[[alerts]]
+name = "per-team"
+kind = "spend"
+window = "1h"
+by = "tag:team"
+threshold = 0.00001
+""")  # fmt: skip
+    await recorded(db_url, [at(5, tags={"team": "a"}), at(6, tags={"team": "a"}),
+                            at(7, tags={"team": "b"})])  # fmt: skip
+    moves = await rounds(db_url, [Watcher(cfg, Blocked())], NOW)
+    assert [(m.group, m.state) for m in moves] == [("a", "firing")]
+
+
+def with_logprobs(ex: Exchange, values: list[float]) -> Exchange:
+    choice = ex.response_json["choices"][0]
+    choice["logprobs"] = {
+        "content": [
+            {"token": "t", "logprob": v, "bytes": [116], "top_logprobs": []} for v in values
+        ]
+    }
+    ex.response_body = orjson.dumps(ex.response_json)
+    return ex
+
+
+async def test_confidence_drop_and_fingerprint_change_fire_once(
+    db_url: str, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, """
+[[alerts]]
+name = "confidence"
+kind = "confidence"
+window = "10m"
+baseline = "1h"
+threshold = 0.5
+
+[[alerts]]
+name = "backend"
+kind = "fingerprint_change"
+window = "10m"
+""")  # fmt: skip
+    baseline = [
+        with_logprobs(at(1200 + i, fingerprint="fp_a"), [-0.1, -0.2, -0.3]) for i in range(3)
+    ]
+    await recorded(db_url, baseline)
+    watcher = Watcher(cfg, Blocked())
+    assert await rounds(db_url, [watcher], NOW) == []  # no window traffic, no change yet
+    recent = [with_logprobs(at(60 + i, fingerprint="fp_b"), [-1.0, -1.2, -0.8]) for i in range(2)]
+    await store(db_url, recent)
+    moves = await rounds(db_url, [watcher, Watcher(cfg, Blocked())], NOW)
+    found = {(m.alert, m.group, m.state): m.detail for m in moves}
+    assert set(found) == {
+        ("confidence", "gpt-4o-mini-2024-07-18", "firing"),
+        ("backend", "openai/gpt-4o-mini-2024-07-18", "firing"),
+    }
+    assert found[("confidence", "gpt-4o-mini-2024-07-18", "firing")] == (
+        "mean logprob -1.000 over 10m, baseline -0.200"
+    )
+    assert found[("backend", "openai/gpt-4o-mini-2024-07-18", "firing")] == (
+        "new system_fingerprint fp_b"
+    )
+    assert await rounds(db_url, [watcher], NOW) == []
+
+
+async def test_unpriced_and_error_rate(db_url: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, """
+[[alerts]]
+name = "unpriced"
+kind = "unpriced"
+
+[[alerts]]
+name = "errors"
+kind = "error_rate"
+window = "1h"
+threshold = 0.3
+min_count = 4
+""")  # fmt: skip
+    failed = at(3, model="gpt-4o-mini")
+    failed.status, failed.outcome = 502, "upstream_error"
+    await recorded(db_url, [at(1, model="no-such-model"), at(2), failed])
+    watcher = Watcher(cfg, Blocked())
+    moves = await rounds(db_url, [watcher], NOW)
+    # One failure in three: above 0.3, but under min_count: not judged.
+    assert [(m.alert, m.group) for m in moves] == [("unpriced", "no-such-model-2024-07-18")]
+    await store(db_url, [at(4)])
+    moves = await rounds(db_url, [watcher], NOW)
+    assert moves == []  # one in four: 0.25, not above 0.3
+    other = at(5)
+    other.status, other.outcome = None, "client_disconnected"
+    await store(db_url, [other])
+    moves = await rounds(db_url, [watcher], NOW)
+    assert [(m.alert, m.group, m.value) for m in moves] == [("errors", "", 0.4)]
+
+
+async def test_budgets_alert_at_each_level_and_block_only_when_asked(
+    db_url: str, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, """
+[[budgets]]
+name = "team-a"
+scope = "tag:team=a"
+period = "day"
+limit_usd = 0.00004
+action = "block"
+
+[[budgets]]
+name = "alice"
+scope = "user:alice"
+period = "month"
+limit_usd = 0.00001
+""")  # fmt: skip
+    today = [at(60, tags={"team": "a"}) for _ in range(3)]  # 24.75e-6: 61%
+    yesterday = at(11 * 3600, tags={"team": "a"})  # another day: not counted
+    await recorded(db_url, [*today, yesterday, at(30, user="alice")])
+    blocked = Blocked()
+    watcher = Watcher(cfg, blocked)
+    moves = await rounds(db_url, [watcher], NOW)
+    assert [(m.alert, m.state) for m in moves] == [("team-a", "50"), ("alice", "80")]
+    assert blocked.budgets == ()
+    await store(db_url, [at(20, tags={"team": "a"}), at(10, tags={"team": "a"}),
+                         at(5, user="alice")])  # fmt: skip
+    moves = await rounds(db_url, [watcher], NOW)
+    assert [(m.alert, m.state) for m in moves] == [("team-a", "100"), ("alice", "100")]
+    assert [b.name for b in blocked.budgets] == ["team-a"]
+    # The next day the spend starts over: back under 50 %, no longer blocked.
+    moves = await rounds(db_url, [watcher], NOW.replace(day=28))
+    assert [(m.alert, m.state) for m in moves] == [("team-a", "ok")]
+    assert blocked.budgets == ()
+
+
+async def test_state_survives_a_new_watcher(db_url: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, '[[alerts]]\nname = "s"\nkind = "spend"\nwindow = "1h"\nthreshold = 0\n')
+    await recorded(db_url, [at(1)])
+    assert len(await rounds(db_url, [Watcher(cfg, Blocked())], NOW)) == 1
+    assert await rounds(db_url, [Watcher(cfg, Blocked())], NOW) == []  # as after a restart
+    engine = create_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(sa.select(t.alert_state.c.state))).scalars().all()
+    finally:
+        await engine.dispose()
+    assert rows == ["firing"]
+    assert time.time() > 0
