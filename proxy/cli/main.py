@@ -19,6 +19,7 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from proxy.cli import store as cli_store
+from proxy.cli.alerts import alerts
 from proxy.cli.options import (
     config_option,
     db_option,
@@ -267,5 +268,6 @@ for _command in (
     cli_store.cost,
     cli_store.export,
     cli_store.prune,
+    alerts,
 ):
     main.add_command(_command)

@@ -65,7 +65,9 @@ async def rounds(url: str, watchers: list[Watcher], now: datetime) -> list[state
     """One evaluation by each watcher at once, each with its own engine (as processes)."""
     engines = [create_engine(url) for _ in watchers]
     try:
-        found = await asyncio.gather(*(w.evaluate(e, now) for w, e in zip(watchers, engines)))
+        found = await asyncio.gather(
+            *(w.evaluate(e, now) for w, e in zip(watchers, engines, strict=True))
+        )
     finally:
         for engine in engines:
             await engine.dispose()
