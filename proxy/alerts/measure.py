@@ -42,6 +42,11 @@ def span(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
+def money(usd: float) -> str:
+    """`$12.50`, `$0.000025`: cents once there are any, else the millionths that matter."""
+    return f"${usd:,.2f}" if usd >= 1 else f"${usd:.6f}"
+
+
 def filters(where: Where, since: datetime, until: datetime | None = None) -> Filters:
     return Filters(
         since=since,
@@ -64,11 +69,11 @@ async def _spend(engine: AsyncEngine, rule: AlertRule, now: datetime) -> dict[st
     over = span(rule.window)
     if rule.by is None:
         spent = float(sum(row["cost_usd"] or 0 for row in rows))
-        return {"": Reading(spent, f"${spent:.4f} spent over {over}")} if rows else {}
+        return {"": Reading(spent, f"{money(spent)} spent over {over}")} if rows else {}
     found = {}
     for row in rows:
         spent = float(row["cost_usd"] or 0)
-        found[_group_name(row["group"])] = Reading(spent, f"${spent:.4f} spent over {over}")
+        found[_group_name(row["group"])] = Reading(spent, f"{money(spent)} spent over {over}")
     return found
 
 

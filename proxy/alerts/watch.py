@@ -24,10 +24,10 @@ from proxy.alert_rules import LEVELS, AlertRule, Blocked, Budget
 from proxy.config import Config
 from proxy.store.engine import create_engine, describe
 
-from . import state
-from .deliver import Delivery
-from .measure import Reading, measure, span, spent
-from .state import FIRING, OK, Move
+from proxy.alerts import state
+from proxy.alerts.deliver import Delivery
+from proxy.alerts.measure import Reading, measure, money, span, spent
+from proxy.alerts.state import FIRING, OK, Move
 
 log = logging.getLogger("proxy.alerts")
 

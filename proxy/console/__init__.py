@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.config import Config, ConfigError
-from proxy.console import api, auth, database, pages
+from proxy.console import alerts, api, auth, database, pages
 from proxy.console.auth import check_bind
 from proxy.console.state import CONSOLE, Console, state
 from proxy.sinks.metrics import MetricsSink, registry
@@ -71,6 +71,7 @@ def build_console(
     app.on_response_prepare.append(auth.add_security_headers)
     api.add_routes(app)
     pages.add_routes(app)
+    alerts.add_routes(app)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_static("/static/", HERE / "static", append_version=True)
     return app

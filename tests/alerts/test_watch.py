@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from proxy.alert_rules import Blocked
 from proxy.alerts import state
 from proxy.alerts.watch import Watcher
 from proxy.config import Config, load
+from proxy.console import build_console
 from proxy.exchange import Exchange
 from proxy.store import create_engine
 from proxy.store import tables as t
@@ -104,7 +106,9 @@ webhook_url = "{hook_url}"
     assert [(m.previous, m.state) for m in moves] == [("firing", "ok")]
     await delivered(watchers)
     assert len(receiver.texts) == 2
-    assert receiver.texts[0].startswith("flightrec alert spend FIRING: $0.0000 spent over 1m")
+    assert receiver.texts[0] == (
+        "flightrec alert spend FIRING: $0.000025 spent over 1m (threshold 2e-05, spend)"
+    )
     assert "cleared" in receiver.texts[1]
     engine = create_engine(db_url)
     try:
@@ -258,3 +262,37 @@ async def test_state_survives_a_new_watcher(db_url: str, tmp_path: Path) -> None
         await engine.dispose()
     assert rows == ["firing"]
     assert time.time() > 0
+
+
+async def test_console_alerts_page_shows_now_and_past(
+    db_url: str, tmp_path: Path, aiohttp_client: Any
+) -> None:
+    cfg = config(tmp_path, """
+[[alerts]]
+name = "spend"
+kind = "spend"
+window = "60s"
+threshold = 0.00001
+
+[[alerts]]
+name = "quiet"
+kind = "unpriced"
+""")  # fmt: skip
+    await recorded(db_url, [at(30), at(10)])
+    watcher = Watcher(cfg, Blocked())
+    await rounds(db_url, [watcher], NOW)
+    await rounds(db_url, [watcher], NOW.replace(minute=5))  # the window is empty: cleared
+    await rounds(db_url, [watcher], NOW)  # and over it again
+    client = await aiohttp_client(build_console(replace(cfg, db_url=db_url)))
+    response = await client.get("/alerts")
+    assert response.status == 200
+    page = await response.text()
+    now, past = page.split("<h2>Past</h2>")
+    assert now.count("<tr class=") == 2
+    assert '<tr class="state-firing"><td>spend</td>' in now
+    assert "$0.000017 spent over 1m" in now
+    assert '<tr class="state-ok"><td>quiet</td>' in now
+    assert "unpriced over 1h, by model: above 0" in now
+    assert past.count("ok → firing") == 2
+    assert past.count("firing → ok") == 1
+    assert "no traffic over 1m" in past
