@@ -21,13 +21,12 @@ from prometheus_client import CollectorRegistry, Gauge
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.alert_rules import LEVELS, AlertRule, Blocked, Budget
-from proxy.config import Config
-from proxy.store.engine import create_engine, describe
-
 from proxy.alerts import state
 from proxy.alerts.deliver import Delivery
 from proxy.alerts.measure import Reading, measure, money, span, spent
 from proxy.alerts.state import FIRING, OK, Move
+from proxy.config import Config
+from proxy.store.engine import create_engine, describe
 
 log = logging.getLogger("proxy.alerts")
 
@@ -129,7 +128,7 @@ class Watcher:
             if after == "100" and budget.action == "block":
                 blocked.append(budget)
             if after != previous:
-                detail = f"${used:.2f} of ${budget.limit_usd:.2f}"
+                detail = f"{money(used)} of {money(budget.limit_usd)}"
                 step = Move(budget.name, "", previous, after, used, budget.limit_usd, detail, now)
                 if await self._deliver(engine, step, budget):
                     delivered.append(step)

@@ -35,8 +35,10 @@ def current(rules: list[AlertRule | Budget], rows: list[dict[str, Any]]) -> list
     moved = {row["alert"] for row in rows}
     for rule in rules:
         if rule.name not in moved:
-            found.append({"alert": rule.name, "group": "", "state": "ok", "value": None,
-                          "detail": None, "changed_at": None, "rule": described[rule.name]})  # fmt: skip
+            never = {"alert": rule.name, "group": "", "state": "ok", "value": None}
+            found.append(
+                {**never, "detail": None, "changed_at": None, "rule": described[rule.name]}
+            )
     return sorted(found, key=lambda row: (row["state"] == "ok", row["alert"], row["group"]))
 
 
