@@ -299,14 +299,13 @@ def _unique(names: list[str], section: str, error: Error) -> None:
             raise error(f"{section}[{at}].name: {name!r} names another one already")
 
 
-def parse_watch(
-    alerts: Any, budgets: Any, error: Error
-) -> tuple[tuple[AlertRule, ...], tuple[Budget, ...]]:
-    """The `[[alerts]]` and `[[budgets]]` tables; their names are unique across both (they
-    share one state table and one /alerts page)."""
-    rules, limits = parse_alerts(alerts, error), parse_budgets(budgets, error)
+def parse_watch(raw: dict[str, Any], error: Error) -> dict[str, Any]:
+    """The config's `alerts` and `budgets` from its `[[alerts]]` and `[[budgets]]` tables
+    (none when absent); names are unique across both (one state table, one /alerts page)."""
+    rules = parse_alerts(raw.get("alerts", []), error)
+    limits = parse_budgets(raw.get("budgets", []), error)
     alert_names = {rule.name for rule in rules}
     for at, budget in enumerate(limits):
         if budget.name in alert_names:
             raise error(f"budgets[{at}].name: {budget.name!r} names an alert already")
-    return rules, limits
+    return {"alerts": rules, "budgets": limits}

@@ -378,7 +378,7 @@ def load(
             given[key] = (flag(key, flags), value)
     values = {key: KEYS[key].parse(where, value) for key, (where, value) in given.items()}
 
-    config = replace(Config(), **values)
+    config = replace(Config(), **values, **parse_watch(raw, ConfigError))
     if "upstreams" in raw:
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw:
@@ -389,8 +389,6 @@ def load(
     if rules is not None:
         config = replace(config, redact=parse_rules(rules, ConfigError))
     _check_retention(config)
-    alerts, budgets = parse_watch(raw.get("alerts", []), raw.get("budgets", []), ConfigError)
-    config = replace(config, alerts=alerts, budgets=budgets)
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"

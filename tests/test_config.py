@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.alerts.rules import ALERT_KEYS, BUDGET_KEYS
+from proxy.alert_rules import ALERT_KEYS, BUDGET_KEYS
 from proxy.config import (
     KEYS,
     PRICE_KEYS,

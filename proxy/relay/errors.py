@@ -90,11 +90,9 @@ def unreachable(
 
 def budget_exceeded(exchange: Exchange, budget: Budget) -> web.Response:
     """A request in the scope of a spent `action = "block"` budget never goes upstream."""
-    exchange.outcome = "proxy_error"
     exchange.status = 429
-    exchange.error = (
-        f"budget {budget.name!r} exceeded (limit ${budget.limit_usd:g} a {budget.period})"
-    )
+    limit = f"limit ${budget.limit_usd:g} a {budget.period}"
+    exchange.report("proxy_error", f"budget {budget.name!r} exceeded ({limit})")
     message = f"flightrec: {exchange.error}"
     return error_response(429, message, "insufficient_quota", "budget_exceeded", exchange.id)
 
