@@ -220,10 +220,12 @@ def period_start(period: str, now: datetime) -> datetime:
 
 
 def budget_where(budget: Budget) -> Where:
-    scope = budget.scope
+    scope, value = budget.scope, budget.scope.value
     if scope.kind == "tag":
-        return Where(tags=((scope.tag or "", scope.value),))
-    return Where(**{scope.kind: scope.value})
+        return Where(tags=((scope.tag or "", value),))
+    if scope.kind == "key":
+        return Where(key=value)
+    return Where(user=value) if scope.kind == "user" else Where(model=value)
 
 
 async def spent(engine: AsyncEngine, budget: Budget, now: datetime) -> float:

@@ -39,7 +39,8 @@ def test_the_example_tables_load(tmp_path: Path) -> None:
     )
     assert spend.where == Where("gpt-5.5", "sk-...a1b2", "alice", "openai", (("env", "prod"),))
     assert spend.notify == ("log", "webhook")
-    assert (alerts[1].min_count, alerts[1].clear) == (20, pytest.approx(0.04))
+    assert alerts[1].min_count == 20
+    assert alerts[1].clear == pytest.approx(0.04)
     assert (alerts[2].baseline, alerts[2].metric) == (86400.0, "logprob")
     assert budgets == (
         Budget("team-a-monthly", Scope("tag", "a", "team"), "month", 500.0, "alert",

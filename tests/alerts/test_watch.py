@@ -237,7 +237,7 @@ limit_usd = 0.00001
     watcher = Watcher(cfg, blocked)
     moves = await rounds(db_url, [watcher], NOW)
     assert [(m.alert, m.state) for m in moves] == [("team-a", "50"), ("alice", "80")]
-    assert blocked.budgets == ()
+    assert not blocked.budgets
     await store(db_url, [at(20, tags={"team": "a"}), at(10, tags={"team": "a"}),
                          at(5, user="alice")])  # fmt: skip
     moves = await rounds(db_url, [watcher], NOW)
@@ -246,7 +246,7 @@ limit_usd = 0.00001
     # The next day the spend starts over: back under 50 %, no longer blocked.
     moves = await rounds(db_url, [watcher], NOW.replace(day=28))
     assert [(m.alert, m.state) for m in moves] == [("team-a", "ok")]
-    assert blocked.budgets == ()
+    assert not blocked.budgets
 
 
 async def test_state_survives_a_new_watcher(db_url: str, tmp_path: Path) -> None:
