@@ -15,10 +15,13 @@ import orjson
 import pytest
 import sqlalchemy as sa
 from aiohttp import web
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.alert_rules import Blocked
 from proxy.alerts import state
 from proxy.alerts.watch import Watcher
+from proxy.cli.main import main
 from proxy.config import Config, load
 from proxy.console import build_console
 from proxy.exchange import Exchange
@@ -296,3 +299,46 @@ kind = "unpriced"
     assert past.count("ok → firing") == 2
     assert past.count("firing → ok") == 1
     assert "no traffic over 1m" in past
+
+
+async def test_metrics_gauges_and_the_alerts_command(db_url: str, tmp_path: Path) -> None:
+    cfg = config(tmp_path, f"""
+db_url = "{db_url}"
+
+[[alerts]]
+name = "spend"
+kind = "spend"
+window = "1h"
+by = "model"
+threshold = 0.00001
+
+[[budgets]]
+name = "alice"
+scope = "user:alice"
+period = "month"
+limit_usd = 1.0
+""")  # fmt: skip
+    await recorded(db_url, [at(30), at(10)])
+    registry = CollectorRegistry()
+    await rounds(db_url, [Watcher(cfg, Blocked(), registry)], NOW)
+    text = generate_latest(registry).decode()
+    assert 'flightrec_alert_firing{alert="spend",group="gpt-4o-mini-2024-07-18"} 1.0' in text
+    assert 'flightrec_alert_value{alert="spend",group="gpt-4o-mini-2024-07-18"} 1.65e-05' in text
+    assert 'flightrec_alert_firing{alert="alice",group=""} 0.0' in text
+    path = tmp_path / "alerts.toml"
+    result = await asyncio.to_thread(
+        CliRunner().invoke, main, ["alerts", "--config", str(path), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    found = orjson.loads(result.output)
+    assert [(f["name"], f["group"], f["state"]) for f in found] == [
+        ("spend", "gpt-4o-mini-2024-07-18", "firing"),
+        ("alice", "", "ok"),
+    ]
+    assert found[0]["rule"] == "spend over 1h by model > 1e-05"
+    assert found[0]["detail"] == "$0.000017 spent over 1h"
+    assert found[1]["rule"] == "budget user:alice $1/month alert"
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["alerts", "--config", str(path)])
+    assert result.output.splitlines()[0].startswith(
+        "firing   spend [gpt-4o-mini-2024-07-18] (spend over 1h by model > 1e-05) since "
+    )
