@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from proxy.alert_rules import AlertRule, Budget, Where
 from proxy.store import tables as t
@@ -138,23 +138,46 @@ def _mean_logprobs(where: Where, since: datetime, until: datetime) -> sa.Select[
     )
 
 
-async def _confidence(engine: AsyncEngine, rule: AlertRule, now: datetime) -> dict[str, Reading]:
+class Baselines:
+    """Each confidence rule's baseline per model, read again once it is `REFRESH` seconds (or
+    the rule's window, if shorter) old: a day of logprobs moves little in minutes, and it is
+    the largest read of all."""
+
+    REFRESH = 300.0
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[datetime, dict[str, tuple[float, int]]]] = {}
+
+    async def get(
+        self, conn: AsyncConnection, rule: AlertRule, since: datetime
+    ) -> dict[str, tuple[float, int]]:
+        """(mean logprob, exchanges) per model over the `baseline` before `since`."""
+        held = self._held.get(rule.name)
+        if held is not None and (since - held[0]).total_seconds() < min(self.REFRESH, rule.window):
+            return held[1]
+        before = since - timedelta(seconds=rule.baseline)
+        rows = await conn.execute(_mean_logprobs(rule.where, before, since))
+        found = {row.model: (float(row.mean), int(row.exchanges)) for row in rows}
+        self._held[rule.name] = (since, found)
+        return found
+
+
+async def _confidence(
+    engine: AsyncEngine, rule: AlertRule, now: datetime, baselines: Baselines
+) -> dict[str, Reading]:
     since = now - timedelta(seconds=rule.window)
-    before = since - timedelta(seconds=rule.baseline)
     async with engine.connect() as conn:
         recent = (await conn.execute(_mean_logprobs(rule.where, since, now))).all()
         if not recent:
             return {}
-        base = {
-            row.model: row for row in await conn.execute(_mean_logprobs(rule.where, before, since))
-        }
+        base = await baselines.get(conn, rule, since)
     found = {}
     for row in recent:
         past = base.get(row.model)
-        if past is None or min(row.exchanges, past.exchanges) < rule.min_count:
+        if past is None or min(row.exchanges, past[1]) < rule.min_count:
             found[_group_name(row.model)] = Reading(None, "no baseline yet")
             continue
-        mean, base_mean = float(row.mean), float(past.mean)
+        mean, base_mean = float(row.mean), past[0]
         if rule.metric == "perplexity":
             now_ppl, base_ppl = math.exp(-mean), math.exp(-base_mean)
             value = now_ppl - base_ppl
@@ -199,13 +222,16 @@ MEASURES = {
     "spend": _spend,
     "unpriced": _unpriced,
     "error_rate": _error_rate,
-    "confidence": _confidence,
     "fingerprint_change": _fingerprints,
 }
 
 
-async def measure(engine: AsyncEngine, rule: AlertRule, now: datetime) -> dict[str, Reading]:
+async def measure(
+    engine: AsyncEngine, rule: AlertRule, now: datetime, baselines: Baselines
+) -> dict[str, Reading]:
     """The rule's value per group (`""`: the one group of a rule without `by`)."""
+    if rule.kind == "confidence":
+        return await _confidence(engine, rule, now, baselines)
     return await MEASURES[rule.kind](engine, rule, now)
 
 

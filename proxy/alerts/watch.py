@@ -23,12 +23,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.alert_rules import LEVELS, AlertRule, Blocked, Budget
 from proxy.alerts import state
 from proxy.alerts.deliver import Delivery
-from proxy.alerts.measure import Reading, measure, money, span, spent
+from proxy.alerts.measure import Baselines, Reading, measure, money, span, spent
 from proxy.alerts.state import FIRING, OK, Move
 from proxy.config import Config
 from proxy.store.engine import create_engine, describe
 
 log = logging.getLogger("proxy.alerts")
+
+STOP_WAIT = 5.0
+"""Seconds shutdown gives an evaluation under way."""
 
 
 def judge(previous: str, reading: Reading | None, rule: AlertRule) -> str:
@@ -84,6 +87,7 @@ class Watcher:
         self.interval = config.alerts_interval
         self.blocked = blocked
         self.delivery = Delivery()
+        self.baselines = Baselines()
         self.failed: str | None = None
         self._firing: Gauge | None = None
         self._value: Gauge | None = None
@@ -142,7 +146,7 @@ class Watcher:
         states: dict[tuple[str, str], str],
         now: datetime,
     ) -> list[Move]:
-        readings = await measure(engine, rule, now)
+        readings = await measure(engine, rule, now, self.baselines)
         raised = {group for (name, group), at in states.items() if name == rule.name and at != OK}
         delivered = []
         for group in sorted(set(readings) | raised):
@@ -195,8 +199,8 @@ def background(watcher: Watcher, db_url: str) -> Callable[[web.Application], Asy
         task = asyncio.create_task(watcher.run(engine, stop), name="flightrec-alerts")
         yield
         stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, STOP_WAIT)  # a query stuck on the database: cancelled
         await watcher.delivery.stop()
         await engine.dispose()
 
