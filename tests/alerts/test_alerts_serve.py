@@ -112,7 +112,7 @@ async def test_two_serves_on_postgresql_deliver_each_crossing_once_across_a_rest
 [[alerts]]
 name = "spend"
 kind = "spend"
-window = "20s"
+window = "45s"
 threshold = 0.00003
 notify = ["webhook"]
 webhook_url = "{hook.url}"
@@ -132,10 +132,10 @@ webhook_url = "{hook.url}"
             for serve in serves:  # a restart while it fires: the state is in the database
                 serve.stop()
             await asyncio.gather(*(serve.start() for serve in serves))
-            assert time.monotonic() - began < 15, "too slow to restart within the window"
+            assert time.monotonic() - began < 35, "too slow to restart within the window"
             await asyncio.sleep(2)
             assert hook.count("FIRING") == 1, hook.texts
-            await hook.wait(lambda: hook.count("cleared") >= 1, 30)
+            await hook.wait(lambda: hook.count("cleared") >= 1, 60)
             await asyncio.gather(*(ask(serve.url, 6) for serve in serves))
             await hook.wait(lambda: hook.count("FIRING") >= 2, 15)
             await asyncio.sleep(2)
@@ -187,8 +187,8 @@ webhook_url = "{hook.url}"
 [[alerts]]
 name = "confidence"
 kind = "confidence"
-window = "3s"
-baseline = "1m"
+window = "6s"
+baseline = "2m"
 min_count = 2
 threshold = 0.5
 webhook_url = "{hook.url}"
@@ -200,7 +200,7 @@ webhook_url = "{hook.url}"
         try:
             await serve.start()
             await ask(serve.url, 4)
-            await asyncio.sleep(4)  # out of the confidence window, into its baseline
+            await asyncio.sleep(7)  # out of the confidence window, into its baseline
             assert hook.texts == []
             upstream.fingerprint, upstream.logprob = "fp_b", -1.5
             await ask(serve.url, 3)
@@ -211,7 +211,7 @@ webhook_url = "{hook.url}"
     model = "gpt-4o-mini-2024-07-18"
     assert hook.count("FIRING") == 2, hook.texts
     assert hook.count(f"alert backend [fake/{model}] FIRING: new system_fingerprint fp_b") == 1
-    assert hook.count(f"alert confidence [{model}] FIRING: mean logprob -1.500 over 3s, ") == 1
+    assert hook.count(f"alert confidence [{model}] FIRING: mean logprob -1.500 over 6s, ") == 1
     assert hook.count("baseline -0.100 (threshold 0.5, confidence)") == 1
 
 
