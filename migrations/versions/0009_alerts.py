@@ -1,7 +1,7 @@
 """`alert_state` and `alert_events`: where alerts and budgets stand, and their history.
 
 Revision ID: 0009
-Revises: 0005
+Revises: 0006
 Create Date: 2026-11-27
 
 Two new tables; nothing else changes. A state row per (alert, group) is moved only by a
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0005"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
