@@ -33,6 +33,7 @@ from proxy.relay.connections import Runner
 from proxy.relay.deferred import READ_DELAY, Deferred
 from proxy.relay.forward import forward
 from proxy.relay.inflight import InFlight
+from proxy.relay.websocket import install as install_websockets
 from proxy.sinks.fanout import Recorder, Sink, Sinks
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app[APP_IN_FLIGHT] = InFlight()
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_sinks)
+    install_websockets(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_route("*", "/{tail:.*}", forward)

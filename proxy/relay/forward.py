@@ -45,6 +45,7 @@ from proxy.relay.paths import Refused, route
 from proxy.relay.record import Record, conclude
 from proxy.relay.response import relay
 from proxy.relay.usage_option import UpstreamBody, upstream_body
+from proxy.relay.websocket import wants_websocket, websocket
 from proxy.stream.endpoints import endpoint
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return not_routed(request)
     refused = isinstance(routed, Refused)
     upstream, rest = (routed.upstream, routed.rest) if isinstance(routed, Refused) else routed
+    if request.method == "GET" and not refused and wants_websocket(request.headers):
+        return await websocket(request, upstream, rest, began, started)
     record = Record(place, request.method, upstream, rest, began)
     later = request.app[APP_DEFERRED]
     later.under_way += 1
