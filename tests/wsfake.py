@@ -7,7 +7,8 @@ OpenAI does not send).
 Deterministic: ids count up per connection and times are fixed, so the frames a client gets
 directly and through the proxy can be compared one for one. What a response holds is chosen by
 its request: the Realtime `response.create`'s `response.instructions` (`text`, `audio`,
-`tool`, `slow`), the Responses `input` (`text`, `slow`).
+`tool`, `slow`: `pause` between deltas, `slower`: four times that), the Responses `input`
+(`slow`; anything else is answered at once).
 """
 
 from __future__ import annotations
@@ -208,8 +209,8 @@ class _Realtime(_Session):
             )
             if self.fake.leave_mid_response:
                 await self.leave()
-            if what == "slow":
-                await asyncio.sleep(self.fake.pause)
+            if what in ("slow", "slower"):
+                await asyncio.sleep(self.fake.pause * (4 if what == "slower" else 1))
         content = [{"type": "output_text", "text": "Hello wörld 🚀"}]
         return {
             "id": item_id,
@@ -389,3 +390,20 @@ async def ws_upstream(fake: WsUpstream | None = None) -> AsyncIterator[WsUpstrea
         yield fake
     finally:
         await runner.cleanup()
+
+
+async def _serve_forever(port: int, pause: float) -> None:
+    fake = WsUpstream(pause=pause)
+    app = web.Application()
+    for path in ("/v1/realtime", "/v1/responses"):
+        app.router.add_get(path, fake.handle)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":  # `python -m tests.wsfake PORT PAUSE`: the fake in its own process
+    import sys
+
+    asyncio.run(_serve_forever(int(sys.argv[1]), float(sys.argv[2])))

@@ -44,6 +44,7 @@ CLOSE_WAIT = 10.0
 """Seconds a side has to answer a close before its connection is dropped."""
 _HANDSHAKE_ONLY = ("sec-websocket-", "upgrade", "connection")
 """Headers of the client's handshake that belong to its connection to the proxy only."""
+_STOPPING = b"flightrec is shutting down"
 _SENDABLE = (range(1000, 1004), range(1007, 1015), range(3000, 5000))
 """Close codes a close frame may carry (RFC 6455 7.4; 1004-1006 and 1015 may not be sent)."""
 
@@ -93,7 +94,8 @@ class Sessions:
         # A little before the server's own grace ends, so each session is closed and recorded
         # before the server cancels what still runs.
         await asyncio.sleep(max(grace - 1.0, grace / 2))
-        await asyncio.gather(*(relay.shut() for relay in list(self.open)))
+        for relay in self.open:
+            relay.shut()
 
     async def close(self) -> None:
         if self._deadline is not None:
@@ -245,8 +247,8 @@ def _unreachable(
 
 @dataclass(slots=True, frozen=True)
 class _End:
-    """How a pump ended: which side ended it, and the close code and reason it sent (None:
-    the side vanished)."""
+    """How a pump ended: which side ended it (`client`, `upstream`, or `proxy`: it is stopping),
+    and the close code and reason it sent (None: the side vanished)."""
 
     side: str
     code: int | None = None
@@ -265,51 +267,49 @@ class Relay:
         self.client = client
         self.up = up
         self.record = record
-        self._shut = False
+        self._pumps: tuple[asyncio.Future[_End], ...] = ()
 
     async def run(self) -> None:
-        pumps = (
+        """Relay until one side ends; then record what is under way (at once: the handler may
+        be cancelled while the other side closes) and close the other side."""
+        pumps = self._pumps = (
             asyncio.ensure_future(self._from_client()),
             asyncio.ensure_future(self._from_upstream()),
         )
-        outcome, error = "client_disconnected", "client connection lost mid-response"
         try:
             done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            end = next(iter(done)).result()
-            outcome, error = await self._close(end)
+            first = next(iter(done))
+            end = _End("proxy") if first.cancelled() else first.result()
+            self.record.end(*_said(end))
+            await self._close(end)
         except asyncio.CancelledError:  # the client's connection was lost
+            self.record.end("client_disconnected", "client left mid-response")
             await _quietly(self.up.close(code=WSCloseCode.GOING_AWAY))
             raise
         finally:
+            self.record.end("proxy_error", "the relay failed mid-response")
             await _settle(pumps)
-            if self._shut:
-                outcome = "timeout"
-                error = "the proxy stopped: session closed (1001) after shutdown_grace"
-            self.record.end(outcome, error)
 
-    async def shut(self) -> None:
-        """The proxy is stopping: close both sides with 1001 (going away)."""
-        self._shut = True
-        reason = b"flightrec is shutting down"
-        with contextlib.suppress(Exception):
-            await self.client.close(code=WSCloseCode.GOING_AWAY, message=reason)
-        with contextlib.suppress(Exception):
-            await self.up.close(code=WSCloseCode.GOING_AWAY, message=reason)
+    def shut(self) -> None:
+        """The proxy is stopping: the session ends, both sides closed with 1001 (going away)."""
+        for pump in self._pumps:
+            pump.cancel()
 
-    async def _close(self, end: _End) -> tuple[str, str]:
-        """Close the other side as `end`'s side ended; what a response under way then
-        records."""
+    async def _close(self, end: _End) -> None:
+        """Close the other side as `end`'s side ended, then answer the side that ended (or,
+        when the proxy ends the session, close both with 1001)."""
         code = end.code if end.code is not None and _sendable(end.code) else None
         reason = end.reason.encode()
+        away = WSCloseCode.GOING_AWAY
         if end.side == "client":
-            await _quietly(self.up.close(code=code or WSCloseCode.GOING_AWAY, message=reason))
-            await _quietly(self.client.close(code=code or WSCloseCode.GOING_AWAY))
-            said = f"client closed the session ({end.code})" if end.code else "client left"
-            return "client_disconnected", said + " mid-response"
-        await _quietly(self.client.close(code=code or WSCloseCode.BAD_GATEWAY, message=reason))
-        await _quietly(self.up.close(code=code or WSCloseCode.GOING_AWAY))
-        said = f"upstream closed the session ({end.code})" if end.code else "upstream left"
-        return "upstream_disconnected", said + " mid-response"
+            await _quietly(self.up.close(code=code or away, message=reason))
+            await _quietly(self.client.close(code=code or away))
+        elif end.side == "upstream":
+            await _quietly(self.client.close(code=code or WSCloseCode.BAD_GATEWAY, message=reason))
+            await _quietly(self.up.close(code=code or away))
+        else:
+            await _quietly(self.client.close(code=away, message=_STOPPING))
+            await _quietly(self.up.close(code=away, message=_STOPPING))
 
     async def _from_client(self) -> _End:
         client, up, record = self.client, self.up, self.record
@@ -350,6 +350,16 @@ class Relay:
             if kind is WSMsgType.CLOSE:
                 return _End("upstream", msg.data, msg.extra or "")
             return _End("upstream")
+
+
+def _said(end: _End) -> tuple[str, str]:
+    """What a response left under way by `end` records: its outcome and error."""
+    if end.side == "proxy":
+        return "timeout", "the proxy stopped: session closed (1001) after shutdown_grace"
+    who = "client" if end.side == "client" else "upstream"
+    said = f"{who} closed the session ({end.code})" if end.code else f"{who} left"
+    outcome = "client_disconnected" if who == "client" else "upstream_disconnected"
+    return outcome, said + " mid-response"
 
 
 def _sendable(code: int) -> bool:

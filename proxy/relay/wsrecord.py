@@ -151,9 +151,11 @@ class SessionRecord:
         self.reader = None
 
     def end(self, outcome: str, error: str) -> None:
-        """The session is over: record each response still under way, as far as it came."""
-        if self.reader is not None:
-            self._deliver(self.reader.end(outcome, error, time.perf_counter()))
+        """The session is over: record each response still under way, as far as it came.
+        Only the first call counts: frames still relayed after it are not read."""
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            self._deliver(reader.end(outcome, error, time.perf_counter()))
 
     def handshake(self) -> Exchange:
         """An exchange for the handshake itself (one the upstream did not accept)."""

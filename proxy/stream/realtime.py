@@ -48,6 +48,14 @@ _FIRST_OUTPUT = frozenset(
     }
 )
 """Events that carry generated output: the first of them is the response's first delta."""
+_STRING_OF = {
+    "response.output_text.delta": "text",
+    "response.text.delta": "text",
+    "response.output_audio_transcript.delta": "transcript",
+    "response.audio_transcript.delta": "transcript",
+    "response.function_call_arguments.delta": "arguments",
+}
+"""Deltas of strings a response left half way is rebuilt from, and the key each fills."""
 _AUDIO_OUT = frozenset({"response.output_audio.delta", "response.audio.delta"})
 _PCM16_RATE = 24_000
 _BYTES_PER_SECOND = {
@@ -114,6 +122,11 @@ class _Live:
     out: WsResponse
     audio: dict[tuple[str, int], Audio] = field(default_factory=dict)
     """Output audio by (item id, content index)."""
+    items: dict[str, Json] = field(default_factory=dict)
+    """Output items as `response.output_item.added` gave them, by id."""
+    strings: dict[tuple[str, int, str], list[str]] = field(default_factory=dict)
+    """Streamed text, transcript and arguments by (item id, content index, key): the output of
+    a response left half way."""
 
 
 class RealtimeReader:
@@ -179,6 +192,8 @@ class RealtimeReader:
             out.error = error
             out.ended_at = now
             out.request = self._request(live)
+            if out.response is not None and not out.cut:
+                out.response = {**out.response, "output": _partial_output(live)}
             ended.append(out)
         self._live.clear()
         return ended
@@ -236,10 +251,16 @@ class RealtimeReader:
         live.out.events += 1
         if kind in _FIRST_OUTPUT and live.out.first_delta_at is None:
             live.out.first_delta_at = now
-        if kind in _AUDIO_OUT and isinstance(event.get("delta"), str):
+        delta = event.get("delta")
+        if kind in _AUDIO_OUT and isinstance(delta, str):
             place = (str(event.get("item_id")), _int(event.get("content_index")))
             audio = live.audio.setdefault(place, Audio())
-            audio.add(event["delta"], self._store_audio and not self._budget.cut)
+            audio.add(delta, self._store_audio and not self._budget.cut)
+        elif kind in _STRING_OF and isinstance(delta, str) and self._budget.spend(len(delta)):
+            key = (str(event.get("item_id")), _int(event.get("content_index")), _STRING_OF[kind])
+            live.strings.setdefault(key, []).append(delta)
+        elif kind == "response.output_item.added" and isinstance(event.get("item"), dict):
+            live.items[str(event["item"].get("id"))] = event["item"]
 
     def _done(self, response: Any, now: float, size: int) -> list[WsResponse]:
         if not isinstance(response, dict):
@@ -343,3 +364,19 @@ def _status_error(response: Json) -> str:
     details = response.get("status_details")
     error = details.get("error") if isinstance(details, dict) else None
     return message(error) if error else "response failed"
+
+
+def _partial_output(live: _Live) -> list[Json]:
+    """The output of a response left half way: its items, with what streamed into them."""
+    items: dict[str, Json] = {id_: dict(item) for id_, item in live.items.items()}
+    for (item_id, index, key), pieces in live.strings.items():
+        text = "".join(pieces)
+        if key == "arguments":
+            items.setdefault(item_id, {"id": item_id, "type": "function_call"})[key] = text
+            continue
+        item = items.setdefault(item_id, {"id": item_id, "type": "message", "role": "assistant"})
+        content = item["content"] = list(item.get("content") or ())
+        while len(content) <= index:
+            content.append({"type": "output_text" if key == "text" else "output_audio"})
+        content[index] = {**content[index], key: text}
+    return list(items.values())
