@@ -75,9 +75,7 @@ class Config:
     max_stream_record_bytes: int = 16 * 1024 * 1024
     store_raw_stream: bool = True
     store_audio: bool = False
-    """Keep the audio of WebSocket sessions in their record (it is always counted)."""
     max_session_record_bytes: int = 64 * 1024 * 1024
-    """Bytes of a WebSocket session's frames its record keeps; past them frames still pass."""
     shutdown_grace: float = 30.0
     queue_size: int = 10_000
     batch_size: int = 500
@@ -253,9 +251,7 @@ KEYS: dict[str, Key] = {
     "max_stream_record_bytes": Key(_positive_int, "bytes of a stream its record is made from"),
     "store_raw_stream": Key(_bool, "keep the exact bytes of streams for playback"),
     "store_audio": Key(_bool, "keep WebSocket sessions' audio in the record (always counted)"),
-    "max_session_record_bytes": Key(
-        _positive_int, "bytes of a WebSocket session its record keeps (frames still pass)"
-    ),
+    "max_session_record_bytes": Key(_positive_int, "bytes one WebSocket session's record keeps"),
     "shutdown_grace": Key(_seconds, "seconds in-flight exchanges get on SIGTERM"),
     "queue_size": Key(_positive_int, "journaled records also held in memory for the writer"),
     "batch_size": Key(_positive_int, "records written per database transaction"),

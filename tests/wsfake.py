@@ -26,7 +26,7 @@ from aiohttp import WSMsgType, web
 from openai.types.realtime import RealtimeServerEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 
-from .conftest import start_site
+from tests.conftest import start_site
 
 Json = dict[str, Any]
 _REALTIME = pydantic.TypeAdapter(RealtimeServerEvent)

@@ -33,9 +33,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.config import Config, Upstream
+from proxy.relay.appkeys import APP_CONFIG, APP_SINKS
 from proxy.relay.errors import unreachable
 from proxy.relay.headers import response_headers, upstream_headers
-from proxy.relay.appkeys import APP_CONFIG, APP_SINKS
 from proxy.relay.wsrecord import SessionRecord, subprotocols, ws_url
 
 log = logging.getLogger(__name__)

@@ -177,9 +177,9 @@ class SessionRecord:
             exchange.response_json = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             exchange.response_json = None
-        exchange.outcome = "upstream_error"
         error = exchange.response_json
-        exchange.error = message(error) if error is not None else f"handshake refused: {status}"
+        said = message(error) if error is not None else f"handshake refused: {status}"
+        exchange.report("upstream_error", said)
         self._sinks.accept(exchange)
         return exchange
 
@@ -229,8 +229,7 @@ class SessionRecord:
             exchange.response_model = model if isinstance(model, str) else None
         exchange.usage = response.usage
         exchange.usage_source = "reported" if response.usage is not None else "missing"
-        exchange.outcome = response.outcome
-        exchange.error = response.error
+        exchange.report(response.outcome, response.error)
         exchange.chunks = response.events
         exchange.parse_errors = list(response.notes)
         exchange.ttfb_ms = _ms(response.asked_at, response.created_at)

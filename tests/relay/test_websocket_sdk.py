@@ -15,9 +15,8 @@ import orjson
 import pytest
 
 from proxy.config import Upstream
-
-from ..conftest import ProxyFactory, RunningProxy
-from ..wsfake import AUDIO, WsUpstream, realtime_usage, ws_upstream
+from tests.conftest import ProxyFactory, RunningProxy
+from tests.wsfake import AUDIO, WsUpstream, realtime_usage, ws_upstream
 
 KEY = "sk-proj-wsSECRET0123456789abcdefWXYZ"
 

@@ -20,9 +20,9 @@ import orjson
 import pytest
 from aiohttp import WSMsgType
 
-from proxy.store.read import get_exchange, list_exchanges, reading
-
-from .faultkit import ROOT, Serve, _wait_port, held_port, stop_process, wait_stored
+from proxy.store.browse import list_exchanges
+from proxy.store.read import get_exchange, reading
+from tests.faultkit import ROOT, Serve, _wait_port, held_port, stop_process, wait_stored
 
 pytestmark = pytest.mark.faults
 

@@ -15,14 +15,14 @@ import orjson
 import pytest
 from aiohttp import WSMsgType, web
 
-from proxy.app import build_app, make_runner
 from proxy.config import Config, Frozen, Upstream
-from proxy.dbrecorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
-from proxy.store.read import get_exchange, list_exchanges, reading
-
-from .conftest import start_site
-from .wsfake import AUDIO, WsUpstream, realtime_usage, ws_upstream
+from proxy.store.browse import list_exchanges
+from proxy.store.read import get_exchange, reading
+from proxy.store.recorder import DatabaseRecorder
+from tests.conftest import start_site
+from tests.wsfake import AUDIO, WsUpstream, realtime_usage, ws_upstream
 
 KEY = "sk-proj-BROWSERsecret0123456789abcdefQRST"
 PROTOCOLS = ("realtime", f"openai-insecure-api-key.{KEY}", "openai-beta.realtime-v1")
