@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 10.0
 """Seconds a side has to answer a close before its connection is dropped."""
+ClientSide = web.WebSocketResponse[Literal[False]]
+"""The client's socket; frames as bytes, text frames too (relayed without decoding)."""
+UpstreamSide = aiohttp.ClientWebSocketResponse[Literal[False]]
 _HANDSHAKE_ONLY = ("sec-websocket-", "upgrade", "connection")
 """Headers of the client's handshake that belong to its connection to the proxy only."""
 _STOPPING = b"flightrec is shutting down"
@@ -173,10 +176,10 @@ async def websocket(
 
 
 async def _accepted(
-    request: web.Request, config: Config, record: SessionRecord, up: aiohttp.ClientWebSocketResponse
+    request: web.Request, config: Config, record: SessionRecord, up: UpstreamSide
 ) -> web.StreamResponse:
     handshake = _HANDSHAKE.get()
-    client = web.WebSocketResponse(
+    client: ClientSide = web.WebSocketResponse(
         protocols=(up.protocol,) if up.protocol else (),
         autoclose=False,
         max_msg_size=config.max_request_bytes,
@@ -260,8 +263,8 @@ class Relay:
 
     def __init__(
         self,
-        client: web.WebSocketResponse,
-        up: aiohttp.ClientWebSocketResponse,
+        client: ClientSide,
+        up: UpstreamSide,
         record: SessionRecord,
     ) -> None:
         self.client = client

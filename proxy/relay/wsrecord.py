@@ -49,7 +49,7 @@ def ws_url(base_url: str) -> str:
 
 def subprotocols(headers: CIMultiDictProxy[str]) -> list[str]:
     """The subprotocols the client offered, in its order."""
-    offered = []
+    offered: list[str] = []
     for value in headers.getall("Sec-WebSocket-Protocol", ()):
         offered.extend(part.strip() for part in value.split(",") if part.strip())
     return offered

@@ -81,11 +81,11 @@ def audio_size(encoded: str) -> int:
 class Audio:
     """Audio counted for one direction of one response, and its bytes when they are kept."""
 
-    bytes: int = 0
+    size: int = 0
     kept: list[bytes] | None = None
 
     def add(self, encoded: str, keep: bool) -> None:
-        self.bytes += audio_size(encoded)
+        self.size += audio_size(encoded)
         if keep:
             try:
                 piece = base64.b64decode(encoded, validate=True)
@@ -96,9 +96,9 @@ class Audio:
             self.kept.append(piece)
 
     def record(self, bytes_per_second: int | None) -> Json:
-        out: Json = {"bytes": self.bytes}
+        out: Json = {"bytes": self.size}
         if bytes_per_second:
-            out["seconds"] = round(self.bytes / bytes_per_second, 3)
+            out["seconds"] = round(self.size / bytes_per_second, 3)
         if self.kept is not None:
             out["audio"] = base64.b64encode(b"".join(self.kept)).decode()
         return out
@@ -147,7 +147,7 @@ class RealtimeReader:
         self._asked: deque[_Asked] = deque()
         self._live: dict[str, _Live] = {}
 
-    def from_client(self, text: str, now: float) -> list[WsResponse]:
+    def from_client(self, text: bytes, now: float) -> list[WsResponse]:
         """A client frame the upstream was sent; returns nothing (kept for the same shape as
         `from_server`)."""
         event = parse(text)
@@ -162,7 +162,7 @@ class RealtimeReader:
             self._asked.append(self._ask(event, now, len(text)))
         return []
 
-    def from_server(self, text: str, now: float) -> list[WsResponse]:
+    def from_server(self, text: bytes, now: float) -> list[WsResponse]:
         """A server frame the client was sent; the responses it completed."""
         event = parse(text)
         if event is None:
@@ -338,10 +338,10 @@ class RealtimeReader:
                 audio = live.audio.pop((str(item.get("id")), index), None)
                 if audio is None or not isinstance(part, dict):
                     continue
-                total.bytes += audio.bytes
+                total.size += audio.size
                 if audio.kept is not None:
                     part["audio"] = audio.record(None)["audio"]
-        total.bytes += sum(audio.bytes for audio in live.audio.values())
+        total.size += sum(audio.size for audio in live.audio.values())
         response["output_audio"] = total.record(self._out_rate)
 
 

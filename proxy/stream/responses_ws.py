@@ -51,7 +51,7 @@ class ResponsesWsReader:
         self._asked: dict[str | None, deque[_Asked]] = {}
         self._live: dict[str | None, _Live] = {}
 
-    def from_client(self, text: str, now: float) -> list[WsResponse]:
+    def from_client(self, text: bytes, now: float) -> list[WsResponse]:
         """A client frame the upstream was sent; returns nothing (kept for the same shape as
         `from_server`)."""
         event = parse(text)
@@ -63,7 +63,7 @@ class ResponsesWsReader:
         self._asked.setdefault(lane, deque()).append(_Asked(body, now, len(text)))
         return []
 
-    def from_server(self, text: str, now: float) -> list[WsResponse]:
+    def from_server(self, text: bytes, now: float) -> list[WsResponse]:
         """A server frame the client was sent; the responses it completed."""
         event = parse(text)
         if event is None:

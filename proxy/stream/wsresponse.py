@@ -74,7 +74,7 @@ class Budget:
         return f"session record cut at max_session_record_bytes ({self.limit})"
 
 
-def parse(text: str) -> Json | None:
+def parse(text: bytes) -> Json | None:
     """A frame's JSON object; None for anything else (the frame still passed)."""
     try:
         event = orjson.loads(text)
