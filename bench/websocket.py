@@ -261,6 +261,7 @@ async def measure_concurrency(
 ) -> dict[str, Any]:
     """`sessions` sessions from `clients` processes (one process cannot send them all)."""
     rss_before = procs.rss_kib(target.pids)
+    cpu_before = procs.cpu_seconds(target.pids)
     share = [sessions // clients + (i < sessions % clients) for i in range(clients)]
     argv = [sys.executable, "-m", "bench.websocket", "load", "--upstream", _ws(target)]
     argv += ["--rate", str(rate), "--seconds", str(seconds)]
@@ -278,6 +279,7 @@ async def measure_concurrency(
         got = json.loads(out)
         errors += got["errors"]
         times += got["times"]
+    cpu = procs.cpu_seconds(target.pids) - cpu_before
     times.sort()
     return {
         "target": target.name,
@@ -291,6 +293,8 @@ async def measure_concurrency(
         "p50_ms": times[len(times) // 2] * 1000 if times else None,
         "p99_ms": times[int(len(times) * 0.99)] * 1000 if times else None,
         "rss_kib_per_session": (rss_open - rss_before) / sessions,
+        "cpu_us_per_frame": cpu / max(1, 2 * len(times)) * 1e6,
+        "cpu_busy": cpu / seconds,
     }
 
 
@@ -308,14 +312,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for target in (relay, record):
             procs.start(target, workdir)
             procs.wait_ready(target)
-        count = 300 if args.quick else 2000
-        results["latency"] = await measure_latency(targets, 3 if args.quick else 5, count)
-        each = 500 if args.quick else 2500
-        results["cpu"] = await measure_cpu(targets, 8, each)
-        results["concurrency"] = [
-            await measure_concurrency(t, args.sessions, args.rate, args.seconds, args.clients)
-            for t in (relay, record)
-        ]
+        if not args.concurrency_only:
+            count = 300 if args.quick else 2000
+            results["latency"] = await measure_latency(targets, 3 if args.quick else 5, count)
+            each = 500 if args.quick else 2500
+            results["cpu"] = await measure_cpu(targets, 8, each)
+        runs = results["concurrency"] = []
+        for round_ in range(args.rounds):  # alternating, so a busy spell hits both alike
+            for target in (relay, record) if round_ % 2 == 0 else (record, relay):
+                runs.append(
+                    await measure_concurrency(
+                        target, args.sessions, args.rate, args.seconds, args.clients
+                    )
+                )
     finally:
         for target in reversed(targets):
             procs.stop(target)
@@ -336,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--clients", type=int, default=1, help="client processes")
+    parser.add_argument("--concurrency-only", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="concurrency runs per target")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "websocket.json")
     args = parser.parse_args(argv)
     if args.role == "upstream":
