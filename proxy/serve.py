@@ -14,9 +14,11 @@ from proxy.console import start_console
 from proxy.relay.app import build_app, make_runner
 from proxy.relay.appkeys import APP_BLOCKED, APP_IN_FLIGHT
 from proxy.relay.inflight import stop_relay
+from proxy.relay.websocket import APP_WS_SESSIONS
 from proxy.sinks.fanout import Recorder, Sink
 from proxy.sinks.metrics import MetricsSink
 from proxy.sinks.otlp import OtlpExporter
+from proxy.sinks.wsmetrics import watch as watch_websockets
 from proxy.stopping import until_stopped
 from proxy.store.recorder import open_recorder
 from proxy.store.retention import background
@@ -48,6 +50,7 @@ async def run(
     if config.otlp_endpoint:
         sinks.append(OtlpExporter(config, dropped=metrics.spans_dropped))
     app = build_app(config, recorder, sinks=sinks)
+    watch_websockets(metrics.registry, app[APP_WS_SESSIONS])
     if config.retention_days or config.retention_bodies_days:
         app.cleanup_ctx.append(background(config))
     if config.alerts or config.budgets:

@@ -84,9 +84,21 @@ class Sessions:
 
     def __init__(self) -> None:
         self.open: set[Relay] = set()
-        self.frames = [0, 0]
+        self.frames_closed = [0, 0]
         """Frames relayed by closed sessions: from clients, from upstreams."""
         self._deadline: asyncio.Task[None] | None = None
+
+    def open_count(self) -> int:
+        return len(self.open)
+
+    def frames(self) -> tuple[int, int]:
+        """Frames relayed since start, closed sessions' and open ones': from clients, from
+        upstreams."""
+        live = [relay.record.frames for relay in self.open]
+        return (
+            self.frames_closed[0] + sum(frames[0] for frames in live),
+            self.frames_closed[1] + sum(frames[1] for frames in live),
+        )
 
     def stopping(self, grace: float) -> None:
         """The server is stopping: sessions still open after `grace` are closed (1001)."""
@@ -114,6 +126,7 @@ APP_WS_SESSIONS = web.AppKey("ws_sessions", Sessions)
 def install(app: web.Application) -> None:
     """Give `app` what its WebSocket sessions need. After the sinks' context: a session closed
     on shutdown is recorded before the sinks stop."""
+    app[APP_WS_SESSIONS] = Sessions()
     app.cleanup_ctx.append(_context)
     app.on_shutdown.append(_stopping)
 
@@ -133,9 +146,8 @@ async def _context(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
         response_class=HandshakeResponse,
     )
-    sessions = app[APP_WS_SESSIONS] = Sessions()
     yield
-    await sessions.close()
+    await app[APP_WS_SESSIONS].close()
     await app[APP_WS_CLIENT].close()
 
 
@@ -200,7 +212,7 @@ async def _accepted(
     finally:
         sessions.open.discard(relay)
         for side in (0, 1):
-            sessions.frames[side] += record.frames[side]
+            sessions.frames_closed[side] += record.frames[side]
         await up.close()
     return client
 
