@@ -375,13 +375,42 @@ class _Responses(_Session):
         await self.emit({"type": "response.completed", "response": final}, lane)
 
 
+class _SseResponses(_Responses):
+    """The same events as the streamed `POST /v1/responses` gives them (Server-Sent Events)."""
+
+    def __init__(self, fake: WsUpstream, response: web.StreamResponse) -> None:
+        super().__init__(fake, web.WebSocketResponse())
+        self.response = response
+
+    async def send(self, event: Json, adapter: pydantic.TypeAdapter[Any]) -> None:
+        adapter.validate_python(event)
+        data = orjson.dumps(event)
+        await self.response.write(
+            b"event: " + event["type"].encode() + b"\ndata: " + data + b"\n\n"
+        )
+
+
+async def _post_responses(request: web.Request) -> web.StreamResponse:
+    create = orjson.loads(await request.read())
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await _SseResponses(request.app[_FAKE], response).respond(create, None)
+    await response.write_eof()
+    return response
+
+
+_FAKE = web.AppKey("fake", WsUpstream)
+
+
 @contextlib.asynccontextmanager
 async def ws_upstream(fake: WsUpstream | None = None) -> AsyncIterator[WsUpstream]:
     """`fake` served on a free port while the block runs."""
     fake = fake or WsUpstream()
     app = web.Application()
+    app[_FAKE] = fake
     app.router.add_get("/v1/realtime", fake.handle)
     app.router.add_get("/v1/responses", fake.handle)
+    app.router.add_post("/v1/responses", _post_responses)
     app.router.add_get("/v1/other", fake.handle)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()

@@ -105,6 +105,10 @@ def _job(
         )
     if not isinstance(request, dict):
         raise ReplayError(f"exchange {id_}: only JSON request bodies can be replayed")
+    if original["method"] == "WS":
+        raise ReplayError(
+            f"exchange {id_}: a Realtime WebSocket response cannot be re-sent over HTTP"
+        )
     if options.upstream is None:
         try:
             upstream = _upstream(config, original["upstream"])
@@ -136,7 +140,7 @@ async def _originals(
         if filters is not None:
             found = [await get_exchange(engine, id_) for id_ in await select_ids(engine, filters)]
             # Chosen by filter, an exchange that cannot be replayed is left out, not an error.
-            return [o for o in found if isinstance(o["request"], dict)]
+            return [o for o in found if isinstance(o["request"], dict) and o["method"] != "WS"]
         return [await get_exchange(engine, id_) for id_ in ids]
 
 
