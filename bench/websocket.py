@@ -43,6 +43,8 @@ from . import procs
 
 AUDIO = base64.b64encode(bytes(range(240)) * 10).decode()
 """50 ms of 24 kHz 16-bit mono, as a Realtime client appends it."""
+ANSWER_WITHIN = 10.0
+"""Seconds a paced round trip may take before the session counts as failed."""
 CYCLE = 20
 """Client frames per Realtime response."""
 USAGE = {
@@ -138,7 +140,7 @@ def relay_app(upstream: str) -> web.Application:
         return ws
 
     async def session(app: web.Application) -> Any:
-        app[client] = aiohttp.ClientSession()
+        app[client] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         yield
         await app[client].close()
 
@@ -200,12 +202,12 @@ async def paced(url: str, rate: float, seconds: float, times: list[float]) -> in
                 await asyncio.sleep(max(0.0, begin + n / rate - now))
                 sent = time.perf_counter()
                 await ws.send_str(client_frame(n))
-                msg = await ws.receive()
+                msg = await ws.receive(timeout=ANSWER_WITHIN)
                 if msg.type is not WSMsgType.TEXT:
                     return errors + 1
                 times.append(time.perf_counter() - sent)
                 n += 1
-    except (aiohttp.ClientError, OSError):
+    except (aiohttp.ClientError, OSError, TimeoutError):
         errors += 1
     return errors
 
