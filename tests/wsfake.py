@@ -78,6 +78,7 @@ class WsUpstream:
             return web.Response(status=status, body=body, content_type="application/json")
         ws = web.WebSocketResponse(protocols=("realtime",), max_msg_size=0)
         await ws.prepare(request)
+        session: _Session
         if request.path.endswith("/realtime"):
             session = _Realtime(self, ws, request.query.get("model", "gpt-realtime"))
         else:
@@ -308,7 +309,7 @@ class _Responses(_Session):
     async def respond(self, create: Json, lane: str | None) -> None:
         rid = self.next_id("resp")
         self.known.add(rid)
-        head = {
+        head: Json = {
             "id": rid,
             "object": "response",
             "created_at": CREATED_AT,

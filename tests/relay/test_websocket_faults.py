@@ -192,5 +192,6 @@ async def test_kill_9_after_two_completed_responses_loses_neither(tmp_path: Path
         shown = await recorded(serve, 2)
         assert await wait_stored(serve.settings["db_url"], set(), 0) == {ex["id"] for ex in shown}
     assert [ex["request"]["input"] for ex in shown] == ["Hi", "Again"]
+    assert shown[0]["session"] == shown[1]["session"] is not None
     assert [ex["outcome"] for ex in shown] == ["ok", "ok"]
     assert all(ex["usage"]["total_tokens"] == 35 for ex in shown)

@@ -119,6 +119,7 @@ async def test_a_browser_session_passes_whole_and_its_key_never_reaches_the_disk
         listed = list(reversed(await list_exchanges(engine)))
         shown = [await get_exchange(engine, item["id"]) for item in listed]
     assert [ex["method"] for ex in shown] == ["WS", "WS"]
+    assert {ex["session"] for ex in shown} == {"call-42"}  # the client's X-Flightrec-Session
     audio_turn, text_turn = shown
     assert audio_turn["usage"] == realtime_usage(20, 30, 8, 6, 25)
     assert text_turn["usage"] == realtime_usage(15, 0, 0, 4, 0)
@@ -173,6 +174,7 @@ async def test_a_refused_handshake_reaches_the_client_and_is_recorded(
     assert [(ex["status"], ex["outcome"]) for ex in shown] == [(401, "upstream_error")] * 2
     assert {ex["error"] for ex in shown} == {"Incorrect API key provided."}
     assert {ex["key_hint"] for ex in shown} == {"sk-...QRST"}
+    assert len({ex["session"] for ex in shown}) == 2 and None not in {ex["session"] for ex in shown}
     for path in recording.folder.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
