@@ -23,7 +23,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -327,44 +327,38 @@ class Relay:
             await _quietly(self.up.close(code=away, message=_STOPPING))
 
     async def _from_client(self) -> _End:
-        client, up, record = self.client, self.up, self.record
-        while True:
-            msg = await client.receive()
-            kind = msg.type
-            try:
-                if kind is WSMsgType.TEXT:
-                    await up.send_frame(msg.data, WSMsgType.TEXT)
-                    record.from_client(msg.data, time.perf_counter())
-                    continue
-                if kind is WSMsgType.BINARY:
-                    await up.send_bytes(msg.data)
-                    record.from_client(b"", 0.0)
-                    continue
-            except ConnectionError:
-                return _End("upstream")
-            if kind is WSMsgType.CLOSE:
-                return _End("client", msg.data, msg.extra or "")
-            return _End("client")
+        return await _pump(self.client, self.up, self.record.from_client, "client", "upstream")
 
     async def _from_upstream(self) -> _End:
-        client, up, record = self.client, self.up, self.record
-        while True:
-            msg = await up.receive()
-            kind = msg.type
-            try:
-                if kind is WSMsgType.TEXT:
-                    await client.send_frame(msg.data, WSMsgType.TEXT)
-                    record.from_server(msg.data, time.perf_counter())
-                    continue
-                if kind is WSMsgType.BINARY:
-                    await client.send_bytes(msg.data)
-                    record.from_server(b"", 0.0)
-                    continue
-            except ConnectionError:
-                return _End("client")
-            if kind is WSMsgType.CLOSE:
-                return _End("upstream", msg.data, msg.extra or "")
-            return _End("upstream")
+        return await _pump(self.up, self.client, self.record.from_server, "upstream", "client")
+
+
+async def _pump(
+    source: ClientSide | UpstreamSide,
+    sink: ClientSide | UpstreamSide,
+    seen: Callable[[bytes, float], None],
+    side: str,
+    other: str,
+) -> _End:
+    """Relay `source`'s frames to `sink`, each shown to the record once sent; how it ended:
+    `side` closed or left, or `other` could not be written to."""
+    while True:
+        msg = await source.receive()
+        kind = msg.type
+        try:
+            if kind is WSMsgType.TEXT:
+                await sink.send_frame(msg.data, WSMsgType.TEXT)
+                seen(msg.data, time.perf_counter())
+                continue
+            if kind is WSMsgType.BINARY:
+                await sink.send_bytes(msg.data)
+                seen(b"", 0.0)
+                continue
+        except ConnectionError:
+            return _End(other)
+        if kind is WSMsgType.CLOSE:
+            return _End(side, msg.data, msg.extra or "")
+        return _End(side)
 
 
 def _said(end: _End) -> tuple[str, str]:

@@ -129,22 +129,23 @@ class SessionRecord:
     def from_client(self, data: bytes, now: float) -> None:
         """A frame the client sent, once the upstream has it (b"": a binary frame)."""
         self.frames[0] += 1
-        reader = self.reader
-        if reader is not None and data:
-            try:
-                self._deliver(reader.from_client(data, now))
-            except Exception:  # a bug costs the record, never the session
-                self._broken()
+        if self.reader is not None and data:
+            self._read(data, now, True)
 
     def from_server(self, data: bytes, now: float) -> None:
         """A frame the upstream sent, once the client has it (b"": a binary frame)."""
         self.frames[1] += 1
+        if self.reader is not None and data:
+            self._read(data, now, False)
+
+    def _read(self, data: bytes, now: float, from_client: bool) -> None:
         reader = self.reader
-        if reader is not None and data:
-            try:
-                self._deliver(reader.from_server(data, now))
-            except Exception:  # a bug costs the record, never the session
-                self._broken()
+        assert reader is not None
+        try:
+            read = reader.from_client if from_client else reader.from_server
+            self._deliver(read(data, now))
+        except Exception:  # a bug costs the record, never the session
+            self._broken()
 
     def _broken(self) -> None:
         log.exception("session %s: reading a frame failed; its responses are not recorded", self.id)
