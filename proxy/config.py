@@ -102,11 +102,9 @@ class Config:
     redact: tuple[RedactRule, ...] = ()
     """`[[redact]]` rules, in order (`proxy.privacy.redact`)."""
     retention_days: int = 0
-    """Exchanges older than this many days are pruned (usage and cost kept in rollups); 0:
-    kept forever."""
+    """Prune exchanges older than this many days (usage and cost kept in rollups); 0: never."""
     retention_bodies_days: int = 0
-    """Bodies (and choices, logprobs, raw streams) older than this many days are dropped; 0:
-    kept as long as their exchange."""
+    """Drop bodies (choices, logprobs, raw streams) older than N days; 0: with their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
     """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
     shipped table by `proxy.pricing.PriceTable.load`."""

@@ -12,8 +12,8 @@ passes its code and reason on; a side that vanishes gets the other closed (1001 
 a client that left, 1014 bad gateway for an upstream that did).
 
 The record looks at each frame after it was passed on (`wsrecord.SessionRecord`). On
-SIGTERM, open sessions get `shutdown_grace`, then are closed with 1001 and recorded
-(`Sessions`).
+SIGTERM, a session is in flight like any exchange (`inflight`): it gets `shutdown_grace`, then
+is cut, and closes both sides with 1001 and records what was under way.
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.config import Config, Upstream
-from proxy.relay.appkeys import APP_CONFIG, APP_SINKS
+from proxy.relay.appkeys import APP_CONFIG, APP_IN_FLIGHT, APP_SINKS
 from proxy.relay.errors import unreachable
 from proxy.relay.headers import response_headers, upstream_headers
 from proxy.relay.wsrecord import SessionRecord, subprotocols, ws_url
 
 log = logging.getLogger(__name__)
 
+CUT_CLOSE = 1.0
+"""Seconds a session cut at shutdown has to close both sides (within `inflight.CUT_WAIT`)."""
 CLOSE_WAIT = 10.0
 """Seconds a side has to answer a close before its connection is dropped."""
 ClientSide = web.WebSocketResponse[Literal[False]]
@@ -80,13 +82,12 @@ _HANDSHAKE: contextvars.ContextVar[HandshakeResponse | None] = contextvars.Conte
 
 
 class Sessions:
-    """The open WebSocket sessions of the application, and their end on shutdown."""
+    """The open WebSocket sessions of the application (for `/metrics`)."""
 
     def __init__(self) -> None:
         self.open: set[Relay] = set()
         self.frames_closed = [0, 0]
         """Frames relayed by closed sessions: from clients, from upstreams."""
-        self._deadline: asyncio.Task[None] | None = None
 
     def open_count(self) -> int:
         return len(self.open)
@@ -100,24 +101,6 @@ class Sessions:
             self.frames_closed[1] + sum(frames[1] for frames in live),
         )
 
-    def stopping(self, grace: float) -> None:
-        """The server is stopping: sessions still open after `grace` are closed (1001)."""
-        if self.open and self._deadline is None:
-            self._deadline = asyncio.get_running_loop().create_task(self._close_after(grace))
-
-    async def _close_after(self, grace: float) -> None:
-        # A little before the server's own grace ends, so each session is closed and recorded
-        # before the server cancels what still runs.
-        await asyncio.sleep(max(grace - 1.0, grace / 2))
-        for relay in self.open:
-            relay.shut()
-
-    async def close(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._deadline
-
 
 APP_WS_CLIENT = web.AppKey("ws_client", aiohttp.ClientSession)
 APP_WS_SESSIONS = web.AppKey("ws_sessions", Sessions)
@@ -128,11 +111,6 @@ def install(app: web.Application) -> None:
     on shutdown is recorded before the sinks stop."""
     app[APP_WS_SESSIONS] = Sessions()
     app.cleanup_ctx.append(_context)
-    app.on_shutdown.append(_stopping)
-
-
-async def _stopping(app: web.Application) -> None:
-    app[APP_WS_SESSIONS].stopping(app[APP_CONFIG].shutdown_grace)
 
 
 async def _context(app: web.Application) -> AsyncIterator[None]:
@@ -147,7 +125,6 @@ async def _context(app: web.Application) -> AsyncIterator[None]:
         response_class=HandshakeResponse,
     )
     yield
-    await app[APP_WS_SESSIONS].close()
     await app[APP_WS_CLIENT].close()
 
 
@@ -204,12 +181,15 @@ async def _accepted(
         client.headers.extend(_passed_back(handshake.headers))
     client.headers["X-Flightrec-Session"] = record.id
     sessions = request.app[APP_WS_SESSIONS]
-    relay = Relay(client, up, record)
+    in_flight = request.app[APP_IN_FLIGHT]
+    relay = Relay(client, up, record, lambda: in_flight.cut)
     sessions.open.add(relay)
+    in_flight.enter()  # on SIGTERM, a session gets the grace of every exchange in flight
     try:
         await client.prepare(request)
         await relay.run()
     finally:
+        in_flight.leave()
         sessions.open.discard(relay)
         for side in (0, 1):
             sessions.frames_closed[side] += record.frames[side]
@@ -278,37 +258,43 @@ class Relay:
         client: ClientSide,
         up: UpstreamSide,
         record: SessionRecord,
+        cut: Callable[[], str | None],
     ) -> None:
         self.client = client
         self.up = up
         self.record = record
-        self._pumps: tuple[asyncio.Future[_End], ...] = ()
+        self._cut = cut
+        """Why shutdown cut the exchanges in flight, once it has (`inflight.InFlight`)."""
 
     async def run(self) -> None:
         """Relay until one side ends; then record what is under way (at once: the handler may
-        be cancelled while the other side closes) and close the other side."""
-        pumps = self._pumps = (
+        be cancelled while the other side closes) and close the other side. Cancelled by
+        shutdown past its grace, the session closes both sides with 1001 first."""
+        pumps = (
             asyncio.ensure_future(self._from_client()),
             asyncio.ensure_future(self._from_upstream()),
         )
         try:
             done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            first = next(iter(done))
-            end = _End("proxy") if first.cancelled() else first.result()
+            end = next(iter(done)).result()
             self.record.end(*_said(end))
             await self._close(end)
-        except asyncio.CancelledError:  # the client's connection was lost
-            self.record.end("client_disconnected", "client left mid-response")
-            await _quietly(self.up.close(code=WSCloseCode.GOING_AWAY))
+        except asyncio.CancelledError:
+            for pump in pumps:
+                pump.cancel()
+            cut = self._cut()
+            if cut is None:  # the client's connection was lost
+                self.record.end("client_disconnected", "client left mid-response")
+                await _quietly(self.up.close(code=WSCloseCode.GOING_AWAY))
+            else:
+                self.record.end("proxy_error", f"{cut}; session closed (1001)")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CUT_CLOSE):
+                        await self._close(_End("proxy"))
             raise
         finally:
             self.record.end("proxy_error", "the relay failed mid-response")
             await _settle(pumps)
-
-    def shut(self) -> None:
-        """The proxy is stopping: the session ends, both sides closed with 1001 (going away)."""
-        for pump in self._pumps:
-            pump.cancel()
 
     async def _close(self, end: _End) -> None:
         """Close the other side as `end`'s side ended, then answer the side that ended (or,
@@ -363,8 +349,6 @@ async def _pump(
 
 def _said(end: _End) -> tuple[str, str]:
     """What a response left under way by `end` records: its outcome and error."""
-    if end.side == "proxy":
-        return "timeout", "the proxy stopped: session closed (1001) after shutdown_grace"
     who = "client" if end.side == "client" else "upstream"
     said = f"{who} closed the session ({end.code})" if end.code else f"{who} left"
     outcome = "client_disconnected" if who == "client" else "upstream_disconnected"

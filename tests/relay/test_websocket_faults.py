@@ -141,10 +141,11 @@ async def test_an_upstream_killed_mid_response_closes_the_client_1014_and_is_rec
 async def test_sigterm_gives_open_sessions_the_grace_then_closes_them_1001(
     tmp_path: Path,
 ) -> None:
-    """Grace 4 s: a response that takes 1.5 s completes; one that takes 6 s is closed."""
+    """Grace 3 s: a response that takes 1.5 s completes; one that takes 6 s is cut, as every
+    exchange still in flight after the grace is, and its session closed with 1001."""
     with (
         fake_upstream(pause=0.5) as (upstream, _),
-        serving(tmp_path, upstream, shutdown_grace=4.0) as serve,
+        serving(tmp_path, upstream, shutdown_grace=3.0) as serve,
     ):
         await serve.start()
         url = serve.url + "/v1/realtime?model=gpt-realtime"
@@ -169,9 +170,11 @@ async def test_sigterm_gives_open_sessions_the_grace_then_closes_them_1001(
             await long.close()
         assert await serve.exited(30) == 0
         shown = await recorded(serve, 2)
-    assert 2.5 < closed_after < 4.5
+    assert 2.5 < closed_after < 5.0
     outcomes = {_text(ex): ex["outcome"] for ex in shown}
-    assert outcomes == {"Hello wörld 🚀": "ok", "Hello wörld": "timeout"}
+    assert outcomes == {"Hello wörld 🚀": "ok", "Hello wörld": "proxy_error"}
+    [cut] = [ex for ex in shown if ex["outcome"] == "proxy_error"]
+    assert cut["error"] == "cut at shutdown: shutdown_grace (3s) over; session closed (1001)"
 
 
 async def test_kill_9_after_two_completed_responses_loses_neither(tmp_path: Path) -> None:
