@@ -70,6 +70,8 @@ class WsUpstream:
     """Every frame received, parsed when text."""
     binary_echo: bool = True
     """Answer a binary frame with the same bytes reversed."""
+    flooded: int = 0
+    """Binary frames of a flood (`{"type": "flood", "count", "size"}`) whose send completed."""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.handshakes.append(dict(request.headers))
@@ -108,7 +110,17 @@ class _Session:
             elif msg.type is WSMsgType.TEXT:
                 event = orjson.loads(msg.data)
                 self.fake.received.append(event)
-                await self.on_event(event)
+                if event.get("type") == "flood":
+                    await self.flood(event["count"], event["size"])
+                else:
+                    await self.on_event(event)
+
+    async def flood(self, count: int, size: int) -> None:
+        """`count` binary frames of `size` bytes, each starting with its number, sent as fast
+        as the connection takes them."""
+        for n in range(count):
+            await self.ws.send_bytes(n.to_bytes(4, "big") + bytes(size - 4))
+            self.fake.flooded += 1
 
     async def opened(self) -> None:
         pass

@@ -5,6 +5,7 @@ and the usage and cost of each response in the database."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -178,3 +179,25 @@ async def test_a_refused_handshake_reaches_the_client_and_is_recorded(
     for path in recording.folder.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+
+
+async def test_a_client_that_stops_reading_holds_the_upstream_back(
+    fake: WsUpstream, recording: Recording
+) -> None:
+    """The proxy reads the upstream's next frame only once the last one was written to the
+    client: with the client not reading, the upstream can send no more than the sockets
+    between them hold, not the 256 MiB it tries to."""
+    count, size = 4096, 64 * 1024
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(recording.url + "/v1/other", max_msg_size=0) as ws,
+    ):
+        await ws.send_json({"type": "flood", "count": count, "size": size})
+        await asyncio.sleep(1.0)
+        held_back = fake.flooded
+        assert held_back * size < 48 * 1024 * 1024, held_back  # the sockets hold ~15 MiB here
+        for n in range(count):
+            msg = await ws.receive()
+            assert msg.type is WSMsgType.BINARY and len(msg.data) == size
+            assert int.from_bytes(msg.data[:4], "big") == n
+    assert fake.flooded == count
