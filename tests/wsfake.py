@@ -70,6 +70,8 @@ class WsUpstream:
     """Every frame received, parsed when text."""
     binary_echo: bool = True
     """Answer a binary frame with the same bytes reversed."""
+    closes: list[int | None] = field(default_factory=list)
+    """The close code of each session, as the fake saw it end."""
     flooded: int = 0
     """Binary frames of a flood (`{"type": "flood", "count", "size"}`) whose send completed."""
 
@@ -112,8 +114,11 @@ class _Session:
                 self.fake.received.append(event)
                 if event.get("type") == "flood":
                     await self.flood(event["count"], event["size"])
+                elif event.get("type") == "close":  # the upstream closes, with this code
+                    await self.ws.close(code=event["code"], message=event["reason"].encode())
                 else:
                     await self.on_event(event)
+        self.fake.closes.append(self.ws.close_code)
 
     async def flood(self, count: int, size: int) -> None:
         """`count` binary frames of `size` bytes, each starting with its number, sent as fast

@@ -114,6 +114,7 @@ async def test_a_browser_session_passes_whole_and_its_key_never_reaches_the_disk
     assert seen["OpenAI-Beta"] == "realtime=v1"
     assert not any(name.lower().startswith("x-flightrec") for name in seen)
     assert fake.received[0] == payload
+    assert fake.closes == [4000]  # the client's close code reached the upstream
     await recording.runner.cleanup()
 
     async with reading(recording.db_url) as engine:
@@ -201,3 +202,15 @@ async def test_a_client_that_stops_reading_holds_the_upstream_back(
             assert msg.type is WSMsgType.BINARY and len(msg.data) == size
             assert int.from_bytes(msg.data[:4], "big") == n
     assert fake.flooded == count
+
+
+async def test_the_upstreams_close_code_and_reason_reach_the_client(
+    fake: WsUpstream, recording: Recording
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(recording.url + "/v1/other") as ws,
+    ):
+        await ws.send_json({"type": "close", "code": 4100, "reason": "rate limited"})
+        msg = await ws.receive()
+        assert (msg.type, msg.data, msg.extra) == (WSMsgType.CLOSE, 4100, "rate limited")
