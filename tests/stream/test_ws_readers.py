@@ -278,3 +278,32 @@ def test_past_the_session_bound_bodies_go_but_usage_stays() -> None:
     }
     assert all(out.usage == usage for out in outs)
     assert outs[2].notes == ["session record cut at max_session_record_bytes (300)"]
+
+
+def test_a_realtime_session_past_its_bound_keeps_usage_not_bodies() -> None:
+    reader = realtime(limit=400)
+    usage = {"input_tokens": 5, "output_tokens": 3}
+    outs: list[WsResponse] = []
+    for turn in range(3):
+        reader.from_client(frame(type="conversation.item.create", item={"text": "x" * 100}), 0)
+        reader.from_client(frame(type="response.create"), 1)
+        reader.from_server(frame(type="response.created", response={"id": f"r{turn}"}), 2)
+        reader.from_server(
+            frame(
+                type="response.output_text.delta",
+                response_id=f"r{turn}",
+                item_id="i",
+                content_index=0,
+                delta="y" * 50,
+            ),
+            3,
+        )
+        done = {"id": f"r{turn}", "status": "completed", "usage": usage, "output": [{"id": "i"}]}
+        outs += reader.from_server(frame(type="response.done", response=done), 4)
+    assert [out.cut for out in outs] == [False, True, True]
+    assert outs[0].request is not None and outs[0].response is not None
+    assert outs[0].response["output"] == [{"id": "i"}]
+    assert outs[2].request is None
+    assert outs[2].response == {"id": "r2", "status": "completed", "usage": usage}
+    assert all(out.usage == usage for out in outs)
+    assert outs[2].notes == ["session record cut at max_session_record_bytes (400)"]
