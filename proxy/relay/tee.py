@@ -11,7 +11,8 @@ bytes go out, and when the record looks at them, is decided here:
 - When the proxy asked for stream usage itself, the usage event must not reach the client
   (`withhold.py`): the whole events of a piece go out at once, a usage event among them cut out
   by parsing that event alone (the record reads them all a moment later, as above); an event
-  not all received yet is read first, and only the bytes before it go out.
+  not all received yet is read first, and only the bytes before it go out. A finish chunk waits
+  for the bytes after it, in case a usage event cut out carries members for it (`carry.py`).
 
 `finish()` fills the exchange once the response is over (`record.conclude`).
 """
@@ -29,7 +30,7 @@ from proxy.exchange import Exchange
 from proxy.relay.deferred import Deferred
 from proxy.stream.rawcopy import RawCopy
 from proxy.stream.reader import BodyReader, BodySettings
-from proxy.stream.withhold import Withholder, may_start_with_bom, whole_events, without_usage_events
+from proxy.stream.withhold import Withholder, may_start_with_bom, whole_events
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class StreamTee:
         ahead = self._whole_events(piece)
         if ahead:
             head, piece = piece[:ahead], piece[ahead:]
-            out = without_usage_events(head)
+            out = self._withholder.whole(head)
             self._read_later(head, await self._send(out), out)
         if piece:
             # An event not all here yet, which may be the usage event: read it now; only the
@@ -121,11 +122,15 @@ class StreamTee:
         off the way of the body's end, unless bytes are held."""
         self._ended_at = time.perf_counter()
         self._ended_whole = whole
-        if self._withholder is None or self._between_events():
+        if self._withholder is None:
             self._end_waits = True
             return
-        self._catch_up()
-        rest = self._end_body(None)
+        if self._between_events():
+            self._end_waits = True
+            rest = self._withholder.flush()
+        else:
+            self._catch_up()
+            rest = self._end_body(None) + self._withholder.flush()
         if rest and await self._send(rest):
             self._delivered_now(rest)
 

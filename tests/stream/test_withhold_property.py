@@ -43,6 +43,8 @@ def _data(draw: st.DrawFn) -> bytes:
         {"id": "c", "choices": [{"index": 0, "delta": {"content": text}}], "usage": None},
         {"usage": None, "id": "c", "choices": [{"index": 0, "delta": {"content": text}}]},
         {"id": "c", "choices": [], "usage": _USAGE},
+        # a finish chunk waits for the bytes after it (`carry.py`); nothing moves onto it here
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None},
         {"id": "c", "choices": [{"index": 0, "delta": {"content": text}}], "usage": _USAGE},
         {"id": "c", "choices": [], "usage": {}},
         {"choices": [], "usage": 5},

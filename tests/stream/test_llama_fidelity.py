@@ -1,0 +1,73 @@
+"""llama.cpp's servers through the proxy: the client gets what it would have got directly, and
+the record keeps what the stream said, nothing it did not (shapes: tests/llama_shapes.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tests import llama_shapes as llama
+from tests.conftest import FakeUpstream, ProxyFactory, Sdk
+
+
+def _as_llama_server(upstream: FakeUpstream, piece_size: int | str | None) -> None:
+    """The fake upstream answers streamed chat completions as llama-server does."""
+    upstream.piece_size = piece_size if isinstance(piece_size, int) else None
+    upstream.by_event = piece_size == "event"
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        payload = orjson.loads(await request.read())
+        asked = bool((payload.get("stream_options") or {}).get("include_usage"))
+        return await upstream._write(request, llama.chat_stream(asked), "text/event-stream")
+
+    upstream.override = answer
+
+
+async def _post_raw(url: str, body: dict[str, Any]) -> bytes:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        assert response.status == 200
+        return await response.read()
+
+
+_CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+
+
+@pytest.mark.parametrize("piece_size", [None, 1, 5, 64, "event"])
+async def test_llama_server_timings_reach_the_client_where_they_would_have_been(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, piece_size: int | str | None
+) -> None:
+    """Asked for usage, llama-server moves `timings` from the finish chunk to the usage event
+    (`to_json_oaicompat_chat_stream`); the proxy asked, withholds that event, and gives the
+    finish chunk its `timings` back: the client's bytes are llama-server's un-asked bytes,
+    while the record has the usage the proxy asked for."""
+    _as_llama_server(upstream, piece_size)
+    proxy = await make_proxy()
+    received = await _post_raw(proxy.base_url + "/chat/completions", _CHAT)
+    sent = orjson.loads(upstream.seen[-1].body)
+    assert sent["stream_options"] == {"include_usage": True}
+    assert received.count(b'"timings"') == 1
+    assert received == llama.chat_stream(include_usage=False)
+    await proxy.recorder.wait_for(1)
+    exchange = proxy.recorder.exchanges[-1]
+    assert exchange.response_json is not None
+    assert exchange.response_json["usage"] == llama.USAGE
+    assert exchange.response_json["timings"] == llama.TIMINGS
+
+
+async def test_llama_server_timings_on_the_sdks_last_chunk(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, sdk: Sdk
+) -> None:
+    _as_llama_server(upstream, "event")
+    proxy = await make_proxy()
+    client = sdk(proxy.base_url, "sk-test")
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].model_extra == {"timings": llama.TIMINGS}
+    assert all(chunk.usage is None for chunk in chunks)
