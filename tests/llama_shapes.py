@@ -113,3 +113,30 @@ def completion_stream() -> bytes:
         }
     )
     return _sse(chunks)
+
+
+def chat_stream_with_logprobs() -> bytes:
+    """llama-server's chat stream with `logprobs: true, top_logprobs: 2`: each token's chunk
+    carries `"logprobs": {"content": [...]}` on its choice, no `refusal` key anywhere."""
+    chunks = [
+        _chunk({"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}})
+    ]
+    for entry in COMPLETION_TOKENS:
+        choice = {"finish_reason": None, "index": 0, "delta": {"content": entry["token"]}}
+        chunks.append(_chunk({**choice, "logprobs": {"content": [entry]}}))
+    chunks.append(_chunk({"finish_reason": "length", "index": 0, "delta": {}}, timings=TIMINGS))
+    return _sse(chunks)
+
+
+def python_chat_stream() -> bytes:
+    """llama-cpp-python's server (`llama_chat_format._convert_text_completion_chunks_to_chat`):
+    members `id, model, created, object, choices`; every choice has `logprobs: null`; the first
+    delta is `{"role": "assistant"}`, then `{"content": ...}`, the last `{}`."""
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        head = {"id": "chatcmpl-5b1f", "model": "tiny.gguf", "created": CREATED}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    chunks = [chunk({"role": "assistant"}, None), chunk({"content": "Hi"}, None)]
+    return _sse([*chunks, chunk({}, "stop")])

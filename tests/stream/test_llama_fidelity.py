@@ -71,3 +71,64 @@ async def test_llama_server_timings_on_the_sdks_last_chunk(
     assert chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].model_extra == {"timings": llama.TIMINGS}
     assert all(chunk.usage is None for chunk in chunks)
+
+
+def _answering(upstream: FakeUpstream, body: bytes) -> None:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return await upstream._write(request, body, "text/event-stream")
+
+    upstream.override = answer
+
+
+async def _record(upstream: FakeUpstream, make_proxy: ProxyFactory, body: bytes) -> Any:
+    _answering(upstream, body)
+    proxy = await make_proxy()
+    received = await _post_raw(proxy.base_url + "/chat/completions", _CHAT)
+    assert received == body
+    await proxy.recorder.wait_for(1)
+    return proxy.recorder.exchanges[-1].response_json
+
+
+async def test_llama_server_record_has_no_key_the_stream_never_had(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    """llama-server's deltas carry no `refusal`, its choices no `logprobs` (not asked), and
+    `content` is null then text: the record says the same, no `refusal: null`, no
+    `logprobs: null`."""
+    _as_llama_server(upstream, None)
+    proxy = await make_proxy()
+    await _post_raw(proxy.base_url + "/chat/completions", _CHAT)
+    (exchange,) = await proxy.recorder.wait_for(1)
+    record = exchange.response_json
+    assert record["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi there!"},
+            "finish_reason": "length",
+        }
+    ]
+    assert record["timings"] == llama.TIMINGS
+
+
+async def test_llama_server_logprobs_record_has_no_refusal_list(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    record = await _record(upstream, make_proxy, llama.chat_stream_with_logprobs())
+    (choice,) = record["choices"]
+    assert choice["logprobs"] == {"content": llama.COMPLETION_TOKENS}
+    assert choice["message"] == {"role": "assistant", "content": "Hi there"}
+
+
+async def test_llama_cpp_python_record_keeps_null_logprobs_and_no_refusal(
+    upstream: FakeUpstream, make_proxy: ProxyFactory
+) -> None:
+    """llama-cpp-python's choices say `logprobs: null` (kept), its deltas never `refusal`."""
+    record = await _record(upstream, make_proxy, llama.python_chat_stream())
+    assert record["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi"},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
