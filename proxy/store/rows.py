@@ -26,6 +26,7 @@ from proxy.exchange import Exchange
 from proxy.pricing import PriceTable, cost_for, shipped_prices
 from proxy.store import tables as t
 from proxy.store.bodies import stored_bodies
+from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
 
 Row = dict[str, Any]
@@ -109,6 +110,9 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
     # Choices and logprobs are the response's content: an omitted response has none of them.
     if _is_chat_completion(response) and not ex.omit_response:
         _completion_rows(exchange_id, response, rows)
+    elif response.get("object") == "text_completion" and not ex.omit_response:
+        for index, tokens in completion_tokens(response):
+            rows.logprobs.extend(_logprob_rows(exchange_id, index, "content", tokens))
     gz = stored_bodies(ex).raw_stream_gz
     if gz is not None:
         pacing = ex.raw_pacing

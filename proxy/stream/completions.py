@@ -1,6 +1,7 @@
 """Reassembles a legacy `/completions` stream (`text_completion` chunks) into the object a
 non-streaming call returns. Pure, like `chat.py`, with the same surface
-(`endpoints.Assembler`): `add(event) -> bool`, `usage`, `error`, `result()`.
+(`endpoints.Assembler`): `add(event) -> bool`, `usage`, `error`, `result()`. Logprobs are kept
+as the chunks gave them: legacy lists, or chat-style `content` entries (llama.cpp's server).
 """
 
 from __future__ import annotations
@@ -8,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 Json = dict[str, Any]
-
-_LOGPROB_LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 
 
 class CompletionAssembler:
@@ -52,9 +51,7 @@ class CompletionAssembler:
                 choice["finish_reason"] = delta["finish_reason"]
             logprobs = delta.get("logprobs")
             if isinstance(logprobs, dict):
-                merged = choice["logprobs"] = choice["logprobs"] or {k: [] for k in _LOGPROB_LISTS}
-                for key in _LOGPROB_LISTS:
-                    merged[key].extend(logprobs.get(key) or ())
+                _fold_logprobs(choice, logprobs)
         return produced
 
     def result(self) -> Json:
@@ -72,3 +69,21 @@ class CompletionAssembler:
         if self._usage is not None:
             out["usage"] = self._usage
         return out
+
+
+def _fold_logprobs(choice: Json, logprobs: Json) -> None:
+    """A chunk's logprobs into its choice's: lists extend, whatever their keys (the legacy
+    `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`, or chat-style `content` as
+    llama.cpp streams them); other values keep the last non-null; keys never given stay out."""
+    merged = choice["logprobs"]
+    if merged is None:
+        merged = choice["logprobs"] = {}
+    for key, value in logprobs.items():
+        held = merged.get(key)
+        if isinstance(value, list):
+            if isinstance(held, list):
+                held.extend(value)
+            else:
+                merged[key] = list(value)
+        elif value is not None or key not in merged:
+            merged[key] = value

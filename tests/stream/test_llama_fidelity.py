@@ -3,6 +3,7 @@ the record keeps what the stream said, nothing it did not (shapes: tests/llama_s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -10,6 +11,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.exchange import Exchange
+from proxy.store import create_engine, detail, upgrade
+from tests import dbs
 from tests import llama_shapes as llama
 from tests.conftest import FakeUpstream, ProxyFactory, Sdk
 
@@ -131,4 +135,77 @@ async def test_llama_cpp_python_record_keeps_null_logprobs_and_no_refusal(
             "logprobs": None,
             "finish_reason": "stop",
         }
+    ]
+
+
+async def _completion_logprobs(url: str, exchange: Exchange) -> dict[str, Any]:
+    await dbs.store(url, [exchange])
+    engine = create_engine(url)
+    try:
+        return await detail.logprobs(engine, exchange.id)
+    finally:
+        await engine.dispose()
+
+
+async def test_llama_server_completion_logprobs_are_recorded_and_reach_the_table(
+    upstream: FakeUpstream, make_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    """llama-server streams `/v1/completions` with chat-style logprobs
+    (`server_task_result_cmpl_partial::to_json_oaicompat`: `{"content": [{id, token, bytes,
+    logprob, top_logprobs}]}`): the record keeps them as they came, and the `logprobs` table
+    (the console's heatmap, `GET /api/exchanges/{id}/logprobs`) has one row a token."""
+    _answering(upstream, llama.completion_stream())
+    proxy = await make_proxy()
+    body = {"prompt": "Say", "max_tokens": 2, "logprobs": 2, "stream": True}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.base_url + "/completions", json=body) as response,
+    ):
+        assert await response.read() == llama.completion_stream()
+    (exchange,) = await proxy.recorder.wait_for(1)
+    (choice,) = exchange.response_json["choices"]
+    assert choice["text"] == "Hi there"
+    assert choice["logprobs"] == {"content": llama.COMPLETION_TOKENS}
+    await upgrade(dbs.sqlite_url(tmp_path / "f.db"))
+    found = await _completion_logprobs(dbs.sqlite_url(tmp_path / "f.db"), exchange)
+    (shown,) = found["choices"]
+    assert (shown["index"], shown["kind"]) == (0, "content")
+    assert [(t["token"], t["logprob"]) for t in shown["tokens"]] == [
+        ("Hi", -0.25),
+        (" there", -0.75),
+    ]
+    assert shown["tokens"][1]["top_logprobs"][1]["token"] == " all"
+
+
+async def test_openai_legacy_completion_logprobs_reach_the_table(tmp_path: Path) -> None:
+    """OpenAI's legacy lists (`tokens`, `token_logprobs`, `top_logprobs` as `{token:
+    logprob}`) become one row a token, the top alternatives as chat-style entries."""
+    response = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "gpt-3.5-turbo-instruct",
+        "choices": [
+            {
+                "text": " world",
+                "index": 0,
+                "logprobs": {
+                    "tokens": [" wor", "ld"],
+                    "token_logprobs": [-0.5, -0.125],
+                    "top_logprobs": [{" wor": -0.5, " planet": -1.0}, {"ld": -0.125}],
+                    "text_offset": [5, 9],
+                },
+                "finish_reason": "length",
+            }
+        ],
+    }
+    exchange = Exchange.start("POST", "/v1/completions", "", "openai")
+    exchange.response_json = response
+    await upgrade(dbs.sqlite_url(tmp_path / "f.db"))
+    found = await _completion_logprobs(dbs.sqlite_url(tmp_path / "f.db"), exchange)
+    (shown,) = found["choices"]
+    assert [(t["token"], t["logprob"]) for t in shown["tokens"]] == [(" wor", -0.5), ("ld", -0.125)]
+    assert shown["tokens"][0]["top_logprobs"] == [
+        {"token": " wor", "logprob": -0.5},
+        {"token": " planet", "logprob": -1.0},
     ]
