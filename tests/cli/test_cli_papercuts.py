@@ -1,0 +1,53 @@
+"""The command line as an operator meets it: a closed pipe, times with their zone, only the
+config keys a command uses, the console port named when it is taken. Real processes
+(`python -m proxy`), a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dbs import chat_exchange, recorded, sqlite_url
+
+SIGPIPE_STATUS = 141
+"""128 + SIGPIPE: what a shell reports for a writer killed by a closed pipe."""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC_")}
+    return env | extra
+
+
+@pytest.fixture
+async def many(tmp_path: Path) -> str:
+    """A database holding more exchanges than a pipe's buffer holds as JSON."""
+    url = sqlite_url(tmp_path / "many.db")
+    await recorded(url, [chat_exchange(content="x" * 500) for _ in range(600)])
+    return url
+
+
+async def _first_line_then_close(url: str, *args: str) -> tuple[int, bytes, bytes]:
+    """Run `flightrec ARGS | head -1`: read one line, close the pipe; (status, line, stderr)."""
+    read_end, write_end = os.pipe()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *args,
+        env=_env(FLIGHTREC_DB_URL=url), stdout=write_end, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        line = await asyncio.to_thread(reader.readline)
+    assert process.stderr is not None
+    err = await asyncio.wait_for(process.stderr.read(), 60)
+    return await asyncio.wait_for(process.wait(), 60), line, err
+
+
+@pytest.mark.parametrize("args", [["logs", "--json", "--limit", "600"], ["export"]])
+async def test_a_closed_pipe_ends_quietly(many: str, args: list[str]) -> None:
+    code, line, err = await _first_line_then_close(many, *args)
+    assert line
+    assert err == b"", err
+    assert code in (0, SIGPIPE_STATUS)  # click itself ends quietly, 0, on a closed stdout
