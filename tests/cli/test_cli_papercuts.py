@@ -51,3 +51,28 @@ async def test_a_closed_pipe_ends_quietly(many: str, args: list[str]) -> None:
     assert line
     assert err == b"", err
     assert code in (0, SIGPIPE_STATUS)  # click itself ends quietly, 0, on a closed stdout
+
+
+async def _cli(*args: str, **env: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *args,
+        env=_env(**env), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_logs_and_show_print_utc_and_say_so(tmp_path: Path) -> None:
+    """In Tokyo (UTC+9) `logs` and `show` print the time the console prints, labelled UTC."""
+    url = sqlite_url(tmp_path / "t.db")
+    exchange = chat_exchange(started_at=1_700_000_000.0)  # 2023-11-14 22:13:20 UTC
+    await recorded(url, [exchange])
+    code, out, err = await _cli("logs", FLIGHTREC_DB_URL=url, TZ="Asia/Tokyo")
+    assert code == 0, err
+    header, row = out.splitlines()
+    assert header.startswith("STARTED (UTC)")
+    assert row.startswith("2023-11-14 22:13:20  " + exchange.id)
+    code, out, err = await _cli("show", exchange.id, FLIGHTREC_DB_URL=url, TZ="Asia/Tokyo")
+    assert code == 0, err
+    assert "2023-11-14 22:13:20 UTC" in out
