@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,7 @@ class ConfigError(Exception):
 
 
 class Frozen(Mapping[str, Any]):
-    """A read-only mapping that pickles (`serve --workers` sends the config to its processes),
-    which `types.MappingProxyType` does not."""
+    """A read-only mapping that pickles (`serve --workers` sends the config to its workers)."""
 
     __slots__ = ("_data",)
 
@@ -106,8 +105,8 @@ class Config:
     retention_bodies_days: int = 0
     """Drop bodies (choices, logprobs, raw streams) older than N days; 0: with their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
-    """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
-    shipped table by `proxy.pricing.PriceTable.load`."""
+    """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only, applied over the
+    shipped table (`proxy.pricing.PriceTable.load`)."""
     alerts: tuple[AlertRule, ...] = ()
     budgets: tuple[Budget, ...] = ()
     alerts_interval: float = 30.0
@@ -177,11 +176,9 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
     return parse
 
 
-def _optional_str(key: str, value: Any) -> str | None:
-    """A string, or "" for none."""
-    if value == "":
-        return None
-    return _str(key, value)
+def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """`parse`, with "" for none."""
+    return lambda key, value: None if value == "" else parse(key, value)
 
 
 def _db_url(key: str, value: Any) -> str:
@@ -211,10 +208,6 @@ def _metrics_labels(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or any(label not in METRICS_LABELS for label in value):
         raise ConfigError(f"{key}: expected a list of {', '.join(METRICS_LABELS)}, got {value!r}")
     return tuple(label for label in METRICS_LABELS if label in value)
-
-
-def _optional_url(key: str, value: Any) -> str | None:
-    return None if value == "" else _http_url(key, value)
 
 
 def _headers(key: str, value: Any) -> Frozen:
@@ -261,9 +254,9 @@ KEYS: dict[str, Key] = {
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
     "console_host": Key(_str, "address the console listens on"),
     "console_port": Key(_port, "port of the console serve runs (0: none)"),
-    "console_token": Key(_optional_str, "token every console route needs (required off loopback)"),
+    "console_token": Key(_optional(_str), "token all console routes need (required off loopback)"),
     "metrics_labels": Key(_metrics_labels, "labels /metrics adds: user, key (can be unbounded)"),
-    "otlp_endpoint": Key(_optional_url, "OTLP/HTTP traces URL; one span per exchange"),
+    "otlp_endpoint": Key(_optional(_http_url), "OTLP/HTTP traces URL; one span per exchange"),
     "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
     "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
     "store_bodies": Key(
@@ -283,6 +276,7 @@ REDACT_KEYS = ("name", "preset", "pattern", "replace")
 PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
+TABLES = ("upstreams", "prices", "redact", "alerts", "budgets")  # arrays, tables: not `KEYS`
 
 
 def flag(key: str, flags: Mapping[str, str] | None = None) -> str:
@@ -343,30 +337,20 @@ def load(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     flags: Mapping[str, str] | None = None,
+    uses: Collection[str] | None = None,
 ) -> Config:
-    """Build the config from a TOML file, the environment and flags, in that order.
-
-    `path` falls back to `FLIGHTREC_CONFIG`. `overrides` are flag values (None = not given);
-    the key `upstream` replaces the first upstream's base_url, as `FLIGHTREC_UPSTREAM` does.
-    `flags` names the flag of a key where the command's differs from `flag(key)`. Only the
-    value that wins is read, so a flag can stand in for a bad variable left in the environment.
-    """
+    """Build the config from a TOML file (`path`, else `FLIGHTREC_CONFIG`), the environment
+    and flags (`overrides`, None = not given; `upstream` replaces the first upstream's
+    base_url, as `FLIGHTREC_UPSTREAM` does), in that order. `flags` names a key's flag where
+    the command's differs from `flag(key)`. Only the value that wins is read (a flag can stand
+    in for a bad variable), and only of the keys and `TABLES` in `uses` (None: all), the rest
+    keeping their defaults: `FLIGHTREC_PORT=abc flightrec logs` works. Unknown keys fail."""
     env = os.environ if env is None else env
-    path = path or env.get(ENV_PREFIX + "CONFIG") or None
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config: file not found: {path}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config: cannot read {path}: {exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
-
+    raw = _read_file(path or env.get(ENV_PREFIX + "CONFIG") or None)
+    used = set(KEYS).union(TABLES) if uses is None else set(uses)
     given: dict[str, tuple[str, Any]] = {}  # key: (where it was given, the value that wins)
     for key, value in raw.items():
-        if key in ("upstreams", "prices", "redact", "alerts", "budgets"):
+        if key in TABLES:
             continue
         if key not in KEYS:
             raise ConfigError(f"{key}: unknown config key (see config.example.toml)")
@@ -378,23 +362,36 @@ def load(
     for key, value in (overrides or {}).items():
         if value is not None and key in KEYS:
             given[key] = (flag(key, flags), value)
-    values = {key: KEYS[key].parse(where, value) for key, (where, value) in given.items()}
+    values = {k: KEYS[k].parse(where, v) for k, (where, v) in given.items() if k in used}
 
-    config = replace(Config(), **values, **parse_watch(raw, ConfigError))
-    if "upstreams" in raw:
+    watch = parse_watch(raw, ConfigError) if used & {"alerts", "budgets"} else {}
+    config = replace(Config(), **values, **watch)
+    if "upstreams" in raw and "upstreams" in used:
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
-    if "prices" in raw:
+    if "prices" in raw and "prices" in used:
         config = replace(config, prices=_parse_prices(raw["prices"]))
     rules = raw.get("redact")
     if (presets := env.get(ENV_PREFIX + "REDACT")) is not None:  # preset names, by commas
         rules = [{"preset": name.strip()} for name in presets.split(",") if name.strip()]
-    if rules is not None:
+    if rules is not None and "redact" in used:
         config = replace(config, redact=parse_rules(rules, ConfigError))
     _check_retention(config)
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"
-    if upstream_url:
+    if upstream_url and "upstreams" in used:
         first = replace(config.upstreams[0], base_url=_http_url(where, upstream_url))
         config = replace(config, upstreams=(first, *config.upstreams[1:]))
     return config
+
+
+def _read_file(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The TOML config file's tables; {} without one."""
+    try:
+        return {} if path is None else tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None

@@ -10,7 +10,7 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -39,12 +39,17 @@ def db_option(func: F) -> F:
 
 
 def load_config(
-    config_path: str | None, flags: Mapping[str, str] | None = None, **overrides: Any
+    config_path: str | None,
+    flags: Mapping[str, str] | None = None,
+    *,
+    uses: Collection[str] | None = None,
+    **overrides: Any,
 ) -> Config:
     """The config, with `overrides` from flags; `flags` names a key's flag where this
-    command's differs from `config.flag(key)`, so errors name what the user typed."""
+    command's differs from `config.flag(key)`, so errors name what the user typed. `uses`:
+    the keys the command uses, the only ones checked (`config.load`)."""
     try:
-        return config_mod.load(config_path, overrides=overrides, flags=flags)
+        return config_mod.load(config_path, overrides=overrides, flags=flags, uses=uses)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -76,3 +76,24 @@ async def test_logs_and_show_print_utc_and_say_so(tmp_path: Path) -> None:
     code, out, err = await _cli("show", exchange.id, FLIGHTREC_DB_URL=url, TZ="Asia/Tokyo")
     assert code == 0, err
     assert "2023-11-14 22:13:20 UTC" in out
+
+
+async def test_a_command_checks_only_the_keys_it_uses(tmp_path: Path) -> None:
+    """`logs` uses the database URL only: a bad port (or upstream, or price table) it never
+    uses does not stop it; `serve` still says what is wrong with its own key, and an unknown
+    key is an error for every command."""
+    url = sqlite_url(tmp_path / "k.db")
+    await recorded(url, [chat_exchange()])
+    bad = {"FLIGHTREC_PORT": "abc", "FLIGHTREC_UPSTREAM": "nope", "FLIGHTREC_DB_URL": url}
+    code, out, err = await _cli("logs", **bad)
+    assert code == 0, err
+    assert "STARTED" in out
+    config = tmp_path / "c.toml"
+    config.write_text('[prices."m"]\ninput = "free"\n')
+    code, _, err = await _cli("logs", "--config", str(config), FLIGHTREC_DB_URL=url)
+    assert code == 0, err
+    code, _, err = await _cli("serve", **bad)
+    assert (code, err.strip()) == (1, "Error: FLIGHTREC_PORT: expected an integer, got 'abc'")
+    config.write_text("colour = 1\n")
+    code, _, err = await _cli("logs", "--config", str(config), FLIGHTREC_DB_URL=url)
+    assert code == 1 and "colour: unknown config key" in err
