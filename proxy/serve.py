@@ -10,7 +10,7 @@ from aiohttp import web
 from proxy.alerts.watch import Watcher
 from proxy.alerts.watch import background as alerts_background
 from proxy.config import Config
-from proxy.console import start_console
+from proxy.console import listen, start_console
 from proxy.relay.app import build_app, make_runner
 from proxy.relay.appkeys import APP_BLOCKED, APP_IN_FLIGHT
 from proxy.relay.inflight import stop_relay
@@ -60,7 +60,11 @@ async def run(
     _tune_gc()
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
-    await site.start()
+    try:
+        await listen(site, "port (--port)")
+    except BaseException:
+        await runner.cleanup()
+        raise
     # the console has its own listener: console_host:console_port
     try:
         console = await start_console(config, metrics, wait_for_database=True)

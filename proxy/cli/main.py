@@ -75,6 +75,9 @@ def main() -> None:
 @click.option("--upstream", default=None, help="Base URL of the first upstream.")
 @db_option
 @click.option("--workers", default=None, type=int, help="Processes sharing the port (default 1).")
+@click.option(
+    "--console-port", default=None, type=int, help="Port of the console (default 8081; 0: none)."
+)
 @user_errors
 def serve(
     config_path: str | None,
@@ -83,11 +86,13 @@ def serve(
     upstream: str | None,
     db_url: str | None,
     workers: int | None,
+    console_port: int | None,
 ) -> None:
-    """Run the proxy."""
+    """Run the proxy (and the console beside it)."""
     cfg = load_config(
-        config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers
-    )
+        config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers,
+        console_port=console_port,
+    )  # fmt: skip
     from proxy.console.auth import check_bind
 
     check_bind(cfg.console_host if cfg.console_port else "127.0.0.1", cfg.console_token)

@@ -5,12 +5,16 @@ config keys a command uses, the console port named when it is taken. Real proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import reserved_port
 from tests.dbs import chat_exchange, recorded, sqlite_url
 
 SIGPIPE_STATUS = 141
@@ -97,3 +101,33 @@ async def test_a_command_checks_only_the_keys_it_uses(tmp_path: Path) -> None:
     config.write_text("colour = 1\n")
     code, _, err = await _cli("logs", "--config", str(config), FLIGHTREC_DB_URL=url)
     assert code == 1 and "colour: unknown config key" in err
+
+
+@contextlib.contextmanager
+def _listening() -> Iterator[int]:
+    """A port another process listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+async def test_serve_names_the_key_of_a_port_in_use(tmp_path: Path) -> None:
+    """A second instance: the console's port (set by `serve --console-port`) or the proxy's
+    port in use ends `serve` with one line naming the key and its flag."""
+    url = sqlite_url(tmp_path / "p.db")
+    env = {"FLIGHTREC_DB_URL": url, "FLIGHTREC_SPOOL_PATH": str(tmp_path / "spool")}
+    with _listening() as taken, reserved_port() as free:
+        args = ["serve", "--port", str(free), "--console-port", str(taken)]
+        code, _, err = await _cli(*args, **env)
+        assert code == 1
+        assert "Traceback" not in err
+        assert err.strip().splitlines()[-1] == (
+            f"Error: console_port (--console-port; 0: no console): "
+            f"http://127.0.0.1:{taken} is in use by another process"
+        )
+        code, _, err = await _cli("serve", "--port", str(taken), "--console-port", "0", **env)
+        assert code == 1
+        assert err.strip().splitlines()[-1] == (
+            f"Error: port (--port): http://127.0.0.1:{taken} is in use by another process"
+        )
