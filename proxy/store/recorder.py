@@ -148,6 +148,7 @@ class DatabaseRecorder:
         if self._task is not None:
             return
         self.journal.open()
+        self.backlog.opened()
         if self.journal.problem:
             log.warning("%s: records are kept in memory only until it is", self.journal.problem)
         self._engine = self.engine  # a malformed URL fails here, not inside the writer
@@ -237,8 +238,7 @@ class DatabaseRecorder:
                 self._held = batch
                 if await self._deliver(batch[0]):
                     self._held = None
-                    if batch[1] is not None:
-                        self.journal.commit(batch[1])
+                    self.backlog.commit(batch)
             except Exception:  # a bug must not stop the writer: keep the batch, go on
                 log.exception("record writer failed; keeping the batch")
                 self._failed("the writer failed")
