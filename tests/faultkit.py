@@ -284,11 +284,12 @@ class Serve:
         self.stop()
         self.held.close()
 
-    async def readyz(self) -> tuple[int, str]:
+    async def readyz(self, path: str = "/readyz") -> tuple[int, str]:
+        """`/readyz` (or the stricter `/readyz/db`): status and body."""
         timeout = aiohttp.ClientTimeout(total=2)
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(self.url + "/readyz") as response,
+            session.get(self.url + path) as response,
         ):
             return response.status, await response.text()
 

@@ -44,10 +44,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    reason = request.app[APP_RECORDER].readiness()
+    """Ready: the proxy relays and keeps every record safe (its journal takes them), though the
+    database may be down; the body says the database's state. `/readyz/db` also needs the
+    database to take records as they come."""
+    recorder = request.app[APP_RECORDER]
+    reason = recorder.readiness() if request.path == "/readyz/db" else recorder.safety()
+    body = {"database": recorder.database_state() or "up"}
     if reason is None:
-        return web.json_response({"status": "ready"})
-    return web.json_response({"status": "not ready", "reason": reason}, status=503)
+        return web.json_response({"status": "ready", **body})
+    return web.json_response({"status": "not ready", "reason": reason, **body}, status=503)
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -89,6 +94,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     install_websockets(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/readyz/db", readyz)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
 

@@ -49,7 +49,15 @@ class Recorder(Sink, Protocol):
 
     def readiness(self) -> str | None:
         """None while records reach their destination without piling up; else one line
-        saying why not."""
+        saying why not (`/readyz/db`)."""
+
+    def safety(self) -> str | None:
+        """None while records are kept safe though their destination may lag (a journal);
+        else one line saying why not (`/readyz`)."""
+
+    def database_state(self) -> str | None:
+        """None while the destination takes records as they come; else one line saying why
+        not (what `/readyz` says of the database)."""
 
 
 class MemoryRecorder:
@@ -67,6 +75,12 @@ class MemoryRecorder:
         self._arrived.set()
 
     def readiness(self) -> str | None:
+        return None
+
+    def safety(self) -> str | None:
+        return None
+
+    def database_state(self) -> str | None:
         return None
 
     async def stop(self) -> None:

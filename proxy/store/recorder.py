@@ -139,12 +139,9 @@ class DatabaseRecorder:
         return self._engine
 
     async def start(self) -> None:
-        """Open the journal (raises `StoreError` if another process holds it) and start writing.
-
-        What an earlier run journaled and did not commit is written as soon as the database
-        answers. Idempotent: `open_recorder` starts the recorder, the app's cleanup context may
-        again.
-        """
+        """Open the journal (raises `StoreError` if another process holds it) and start writing;
+        what an earlier run journaled and did not commit is written once the database answers.
+        Idempotent: `open_recorder` starts the recorder, the app's cleanup context may again."""
         if self._task is not None:
             return
         self.journal.open()
@@ -163,10 +160,18 @@ class DatabaseRecorder:
 
     def readiness(self) -> str | None:
         """None while records reach the database without piling up; else why not."""
+        return self.safety() or self.database_state()
+
+    def safety(self) -> str | None:
+        """None while records are kept safe, the journal taking them; else why not."""
         if self._closing:
             return "shutting down"
         if self.journal.problem:
             return f"{self.journal.problem}: records are kept in memory only"
+        return None
+
+    def database_state(self) -> str | None:
+        """None while the database takes records as they come; else why not."""
         if not self._healthy:
             return f"database unavailable: {self._reason}"
         if self._writing_since is not None:
