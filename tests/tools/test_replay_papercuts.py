@@ -1,0 +1,90 @@
+"""`flightrec replay` as an operator runs it (a real process against a real SQLite file and a
+real upstream): each replay ends in its own result whatever happens to the others, the
+comparison is of what a user means, and a redacted prompt is not sent without being asked."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
+
+from proxy.relay.app import build_app, make_runner
+from proxy.store import upgrade
+from proxy.store.recorder import DatabaseRecorder
+from tests import dbs
+from tests.conftest import FakeUpstream, completion, start_site
+from tests.recordings import KEY, cli, config_for
+
+ENV = {"OPENAI_API_KEY": KEY}
+
+
+def _env(url: str, upstream: FakeUpstream) -> dict[str, str]:
+    return {**ENV, "FLIGHTREC_DB_URL": url, "FLIGHTREC_UPSTREAM": upstream.url}
+
+
+_TOOL = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}
+
+
+def _tool_answers(upstream: FakeUpstream) -> None:
+    """Answers as llama-server does: every call's id random, `timings` that differ each time;
+    gpt-4o-mini says "Blue." and gpt-4o "Green.", neither with a newline at the end."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        payload = orjson.loads(await request.read())
+        call = {"id": f"call_{random.getrandbits(64):x}", "type": "function", "function": _TOOL}
+        message = {
+            "role": "assistant",
+            "content": "Blue." if "mini" in payload["model"] else "Green.",
+        }
+        choice = {
+            "index": 0,
+            "message": {**message, "tool_calls": [call]},
+            "finish_reason": "tool_calls",
+        }
+        timings = {"prompt_n": 9, "predicted_ms": random.uniform(10, 90)}
+        answer = completion(model=payload["model"], choices=[choice], timings=timings)
+        return web.json_response(answer)
+
+    upstream.override = handle
+
+
+async def _record(config: Any, messages: list[ChatCompletionMessageParam]) -> str:
+    """One plain chat completion through a real proxy; its id."""
+    await upgrade(config.db_url)
+    app = build_app(config, DatabaseRecorder(config))
+    runner = make_runner(app, config)
+    await runner.setup()
+    client = openai.AsyncOpenAI(base_url=await start_site(runner) + "/v1", api_key=KEY)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=messages
+        )
+        return raw.headers["X-Flightrec-Id"]
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_replay_compares_what_a_user_means(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Only the tool call's id and llama.cpp's `timings` differ: the same answer, no diff. On
+    another model the text differs: a diff whose lines stay apart though neither answer ends
+    in a newline."""
+    _tool_answers(upstream)
+    url = dbs.sqlite_url(tmp_path / "r.db")
+    original = await _record(
+        config_for(url, upstream.url, tmp_path), [{"role": "user", "content": "Weather?"}]
+    )
+    run = await cli("replay", original, env=_env(url, upstream), cwd=tmp_path)
+    assert run.code == 0, run.err
+    assert "content same, tool calls same, finish reason same" in run.out
+    assert "---" not in run.out
+    run = await cli("replay", original, "--model", "gpt-4o", env=_env(url, upstream), cwd=tmp_path)
+    assert run.code == 0, run.err
+    assert "content DIFFERS, tool calls same, finish reason same" in run.out
+    assert "--- original\n+++ replay\n@@ -1,3 +1,3 @@\n-Blue.\n+Green.\n" in run.out
+    assert ' [tool call 0] get_weather({"city":"Paris","unit":"c"})' in run.out
