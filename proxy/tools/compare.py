@@ -174,6 +174,27 @@ def compare(original: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any
     }
 
 
+def failed(original: dict[str, Any], error: str) -> dict[str, Any]:
+    """The `replay --json` object of a replay that left nothing to compare: `error` says why."""
+    return {
+        "original": original["id"],
+        "replay": None,
+        "original_model": original["response_model"] or original["model"],
+        "replay_model": None,
+        "status": None,
+        "outcome": "replay_failed",
+        "error": error,
+        "same_content": False,
+        "same_tool_calls": False,
+        "same_finish_reason": False,
+        "fingerprint_changed": None,
+        "usage_delta": dict.fromkeys(("prompt_tokens", "completion_tokens", "total_tokens")),
+        "cost_delta_usd": None,
+        "latency_delta_ms": None,
+        "diff": "",
+    }
+
+
 def _signed(value: float | None, unit: str = "", digits: int = 0) -> str:
     return "?" if value is None else f"{value:+.{digits}f}{unit}"
 
@@ -182,6 +203,9 @@ def render(comparisons: list[dict[str, Any]]) -> str:
     """`replay` for people: one block per replay, with the text diff when the answer changed."""
     blocks = []
     for c in comparisons:
+        if c["replay"] is None:
+            blocks.append(f"{c['original']} -> no replay ({c['outcome']})\n  error: {c['error']}")
+            continue
         usage = c["usage_delta"]
         fingerprint = {None: "unknown", True: "changed", False: "same"}[c["fingerprint_changed"]]
         lines = [

@@ -18,13 +18,50 @@ from proxy.store import upgrade
 from proxy.store.recorder import DatabaseRecorder
 from tests import dbs
 from tests.conftest import FakeUpstream, completion, start_site
-from tests.recordings import KEY, cli, config_for
+from tests.recordings import KEY, answer_by_model, cli, config_for, record_two
 
 ENV = {"OPENAI_API_KEY": KEY}
 
 
 def _env(url: str, upstream: FakeUpstream) -> dict[str, str]:
     return {**ENV, "FLIGHTREC_DB_URL": url, "FLIGHTREC_UPSTREAM": upstream.url}
+
+
+async def test_a_cut_replay_ends_in_its_own_line_and_the_others_go_on(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The streamed replay's body is cut by the upstream: its line says so, the plain one is
+    compared as usual, no traceback, exit status 1; both replays are recorded."""
+    answer_by_model(upstream)
+    url = dbs.sqlite_url(tmp_path / "r.db")
+    recorded = await record_two(config_for(url, upstream.url, tmp_path))
+    answering = upstream.override
+    assert answering is not None
+
+    async def cut_streams(request: web.Request) -> web.StreamResponse:
+        if not orjson.loads(await request.read()).get("stream"):
+            return await answering(request)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"id":"c","object":"chat.completion.chunk","choices":[')
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    upstream.override = cut_streams
+    run = await cli(
+        "replay", recorded.stream_id, recorded.plain_id, env=_env(url, upstream), cwd=tmp_path
+    )
+    assert run.code == 1
+    assert "Traceback" not in run.err, run.err
+    stream_block, plain_block = run.out.split("\n\n")
+    assert stream_block.startswith(recorded.stream_id)
+    assert "upstream_disconnected" in stream_block and "error:" in stream_block
+    assert plain_block.startswith(recorded.plain_id) and "200 ok" in plain_block
+    assert "content same, tool calls same, finish reason same" in plain_block
+    run = await cli("logs", "--json", env={"FLIGHTREC_DB_URL": url})
+    replays = [e for e in orjson.loads(run.out) if e["replay_of"]]
+    assert sorted(e["status"] is not None for e in replays) == [True, True]
 
 
 _TOOL = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}
