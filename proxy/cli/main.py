@@ -173,6 +173,9 @@ def _parse_match(value: str) -> tuple[str, ...]:
 @click.option(
     "--limit", default=None, type=click.IntRange(min=1), help="Select: the newest N (default 10)."
 )
+@click.option(
+    "--allow-redacted", is_flag=True, help="Replay exchanges [[redact]] rules matched, as stored."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of comparisons.")
 @db_option
 @user_errors
@@ -188,6 +191,7 @@ def replay(
     from_model: str | None,
     tags: list[tuple[str, str]],
     limit: int | None,
+    allow_redacted: bool,
     as_json: bool,
     db_url: str | None,
 ) -> None:
@@ -203,7 +207,9 @@ def replay(
             "give exchange IDs, or select with --since/--from-model/--tag/--limit"
         )
     filters = scan_filters(since, None, from_model, tags, limit or 10, True) if selecting else None
-    options = replay_mod.ReplayOptions(model, upstream_name, stream, concurrency, api_key_env)
+    options = replay_mod.ReplayOptions(
+        model, upstream_name, stream, concurrency, api_key_env, allow_redacted
+    )
     cfg = load_config(config_path, db_url=db_url)
     log_to_stderr("warning", timestamps=False)
     try:

@@ -51,6 +51,8 @@ class ReplayOptions:
     concurrency: int = 4
     api_key_env: str | None = None
     """Environment variable with the key, instead of the upstream's `api_key_env`."""
+    allow_redacted: bool = False
+    """Replay exchanges `[[redact]]` rules matched, replacements and all."""
 
 
 @dataclass(slots=True)
@@ -112,6 +114,11 @@ def _job(
         raise ReplayError(
             f"exchange {id_}: a Realtime WebSocket response cannot be re-sent over HTTP"
         )
+    if (rules := redacted_by(original)) and not options.allow_redacted:
+        raise ReplayError(
+            f"exchange {id_}: redacted by {', '.join(rules)}, so its request may hold the "
+            "replacements instead of what was sent; --allow-redacted replays it as stored"
+        )
     if options.upstream is None:
         try:
             upstream = _upstream(config, original["upstream"])
@@ -136,14 +143,27 @@ def _job(
     )
 
 
+def redacted_by(original: dict[str, Any]) -> list[str]:
+    """The `[[redact]]` rules that matched an exchange (its `redacted` note); [] if none."""
+    note = original.get("redacted")
+    rules = note.get("rules") if isinstance(note, dict) else None
+    return [str(rule) for rule in rules] if isinstance(rules, list) else []
+
+
 async def _originals(
-    config: Config, ids: list[str], filters: Filters | None
+    config: Config, ids: list[str], filters: Filters | None, allow_redacted: bool
 ) -> list[dict[str, Any]]:
     async with reading(config.db_url) as engine:
         if filters is not None:
             found = [await get_exchange(engine, id_) for id_ in await select_ids(engine, filters)]
             # Chosen by filter, an exchange that cannot be replayed is left out, not an error.
-            return [o for o in found if isinstance(o["request"], dict) and o["method"] != "WS"]
+            return [
+                o
+                for o in found
+                if isinstance(o["request"], dict)
+                and o["method"] != "WS"
+                and (allow_redacted or not redacted_by(o))
+            ]
         return [await get_exchange(engine, id_) for id_ in ids]
 
 
@@ -157,7 +177,7 @@ async def replay(
 ) -> list[dict[str, Any]]:
     """Replay the exchanges `ids` (or those `filters` selects); one comparison per replay."""
     env = os.environ if env is None else env
-    originals = await _originals(config, ids, filters)
+    originals = await _originals(config, ids, filters, options.allow_redacted)
     if not originals:
         raise ReplayError("no recorded exchange matches: nothing to replay")
     jobs = [_job(config, original, options, env) for original in originals]

@@ -5,6 +5,7 @@ comparison is of what a user means, and a redacted prompt is not sent without be
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,11 @@ import orjson
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
+from proxy.config import ConfigError
+from proxy.privacy.redact import parse_rules
 from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
+from proxy.store.read import get_exchange, reading
 from proxy.store.recorder import DatabaseRecorder
 from tests import dbs
 from tests.conftest import FakeUpstream, completion, start_site
@@ -125,3 +129,30 @@ async def test_replay_compares_what_a_user_means(upstream: FakeUpstream, tmp_pat
     assert "content DIFFERS, tool calls same, finish reason same" in run.out
     assert "--- original\n+++ replay\n@@ -1,3 +1,3 @@\n-Blue.\n+Green.\n" in run.out
     assert ' [tool call 0] get_weather({"city":"Paris","unit":"c"})' in run.out
+
+
+async def test_a_redacted_prompt_is_not_replayed_unless_allowed(
+    upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    answer_by_model(upstream)
+    url = dbs.sqlite_url(tmp_path / "r.db")
+    rules = parse_rules([{"preset": "email"}], ConfigError)
+    config = replace(config_for(url, upstream.url, tmp_path), redact=rules)
+    prompt = "Name a colour for ann@example.com"
+    original = await _record(config, [{"role": "user", "content": prompt}])
+    async with reading(url) as engine:
+        stored = await get_exchange(engine, original)
+    assert stored["request"]["messages"][0]["content"] == "Name a colour for [REDACTED:email]"
+    upstream.seen.clear()
+
+    run = await cli("replay", original, env=_env(url, upstream), cwd=tmp_path)
+    assert run.code == 1 and "Traceback" not in run.err
+    assert run.err.strip() == (
+        f"Error: exchange {original}: redacted by email, so its request may hold the "
+        "replacements instead of what was sent; --allow-redacted replays it as stored"
+    )
+    assert upstream.seen == []
+    run = await cli("replay", original, "--allow-redacted", env=_env(url, upstream), cwd=tmp_path)
+    assert run.code == 0, run.err
+    sent = orjson.loads(upstream.seen[-1].body)
+    assert sent["messages"][0]["content"] == "Name a colour for [REDACTED:email]"
