@@ -250,6 +250,11 @@ def replay(
     show_default=True,
     help="Streams at their recorded pace, or at once.",
 )
+@click.option(
+    "--errors",
+    is_flag=True,
+    help="Also play back recorded upstream errors (429, 500), in the order they came.",
+)
 @click.option("--upstream", default=None, help="Base URL of the first upstream (--miss forward).")
 @db_option
 @user_errors
@@ -260,6 +265,7 @@ def playback(
     ignore_fields: tuple[str, ...],
     miss: Any,
     timing: Any,
+    errors: bool,
     upstream: str | None,
     db_url: str | None,
 ) -> None:
@@ -268,7 +274,7 @@ def playback(
 
     cfg = load_config(config_path, host=host, port=port, upstream=upstream, db_url=db_url)
     log_to_stderr(cfg.log_level)
-    options = playback_mod.PlaybackOptions(ignore_fields, miss, timing)
+    options = playback_mod.PlaybackOptions(ignore_fields, miss, timing, errors)
     asyncio.run(playback_mod.run(cfg, options))
 
 
