@@ -97,6 +97,8 @@ class Config:
     otlp_headers: Mapping[str, str] = field(default_factory=Frozen, repr=False)
     """Headers sent with every export (often a collector's API key: never logged)."""
     otlp_content: bool = False
+    otlp_content_max_bytes: int = 16 * 1024
+    """Each content attribute of a span is cut to this many bytes, with a marker saying so."""
     store_bodies: str = "full"
     redact: tuple[RedactRule, ...] = ()
     """`[[redact]]` rules, in order (`proxy.privacy.redact`)."""
@@ -248,9 +250,7 @@ KEYS: dict[str, Key] = {
     "batch_size": Key(_positive_int, "records written per database transaction"),
     "batch_interval": Key(_seconds, "seconds the writer waits to fill a batch"),
     "spool_path": Key(_str, "the journal: every record lands here before the database"),
-    "journal_max_bytes": Key(
-        _positive_int, "largest the journal may grow (records not yet written)"
-    ),
+    "journal_max_bytes": Key(_positive_int, "largest the journal may grow (unwritten records)"),
     "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
     "console_host": Key(_str, "address the console listens on"),
     "console_port": Key(_port, "port of the console serve runs (0: none)"),
@@ -259,9 +259,8 @@ KEYS: dict[str, Key] = {
     "otlp_endpoint": Key(_optional(_http_url), "OTLP/HTTP traces URL; one span per exchange"),
     "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
     "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
-    "store_bodies": Key(
-        _choice("full", "metadata"), "full: keep bodies; metadata: usage, cost, timings only"
-    ),
+    "otlp_content_max_bytes": Key(_positive_int, "bytes of content in a span's attribute, at most"),
+    "store_bodies": Key(_choice("full", "metadata"), "full: bodies; metadata: usage, cost, times"),
     "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
     "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),
     "alerts_interval": Key(_seconds, "seconds between two evaluations of alerts and budgets"),
