@@ -102,6 +102,7 @@ class Config:
     store_bodies: str = "full"
     redact: tuple[RedactRule, ...] = ()
     """`[[redact]]` rules, in order (`proxy.privacy.redact`)."""
+    pseudonym_key: str | None = field(default=None, repr=False)  # privacy/pseudonym.py; secret
     retention_days: int = 0
     """Prune exchanges older than this many days (usage and cost kept in rollups); 0: never."""
     retention_bodies_days: int = 0
@@ -260,6 +261,7 @@ KEYS: dict[str, Key] = {
     "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
     "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
     "otlp_content_max_bytes": Key(_positive_int, "bytes of content in a span's attribute, at most"),
+    "pseudonym_key": Key(_optional(_str), "key of identifiers' pseudonyms (default: generated)"),
     "store_bodies": Key(_choice("full", "metadata"), "full: bodies; metadata: usage, cost, times"),
     "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
     "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),

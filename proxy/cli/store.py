@@ -224,7 +224,7 @@ def export(
     """Export exchanges, oldest first: JSONL, CSV, HAR 1.2 or OpenAI Batch API input."""
     import sys
 
-    from proxy.privacy.redact import Redactor
+    from proxy.privacy.keep import redactor_for
     from proxy.store import read
     from proxy.tools import export as export_mod
 
@@ -233,9 +233,10 @@ def export(
             f"expected one of {', '.join(export_mod.BATCH_ENDPOINTS)}", param_hint="--endpoint"
         )
     filters = scan_filters(since, until, model, tags, limit)
-    cfg = load_config(config_path, db_url=db_url, uses=("db_url", "redact", "upstreams"))
+    uses = ("db_url", "redact", "upstreams", "pseudonym_key", "spool_path")
+    cfg = load_config(config_path, db_url=db_url, uses=uses)
 
-    redactor = Redactor(cfg.redact) if cfg.redact else None
+    redactor = redactor_for(cfg)
 
     async def run(write: export_mod.Write) -> int:
         async with read.reading(cfg.db_url) as engine:
