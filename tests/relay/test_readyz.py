@@ -4,24 +4,15 @@ and in `/metrics`; `/readyz/db` is the stricter check, unready until the databas
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
-import pytest
 
 from tests.conftest import reserved_port
-from tests.faultkit import Serve, drive, upstream_process
+from tests.faultkit import UNREACHABLE, Serve, drive, upstream_fixture
 
-UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:1/none"
-"""Nothing listens on port 1: every connection is refused, as to a PostgreSQL that is down."""
-
-
-@pytest.fixture
-def upstream_url() -> Iterator[str]:
-    with upstream_process() as url:
-        yield url
+upstream_url = upstream_fixture
 
 
 async def test_ready_while_the_database_is_down_and_says_so(

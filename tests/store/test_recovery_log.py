@@ -6,22 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.dbs import sqlite_url
-from tests.faultkit import Serve, drive, upstream_process, wait_stored
+from tests.faultkit import (
+    UNREACHABLE,
+    Serve,
+    drive,
+    upstream_fixture,
+    wait_stored,
+)
 
-UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:1/none"
-"""Nothing listens on port 1: every connection is refused, as to a PostgreSQL that is down."""
-
-
-@pytest.fixture
-def upstream_url() -> Iterator[str]:
-    with upstream_process() as url:
-        yield url
+upstream_url = upstream_fixture
 
 
 async def test_start_after_a_crash_says_how_many_records_it_recovered(

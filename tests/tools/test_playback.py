@@ -51,6 +51,25 @@ async def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], byt
         return response.status, dict(response.headers), await response.read()
 
 
+async def playback_process(
+    url: str, cwd: Path, *flags: str
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`flightrec playback --db URL FLAGS` running on a free port; the process and its root."""
+    with reserved_port() as port:  # until playback listens on it
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
+            *flags, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        root = f"http://127.0.0.1:{port}"
+        try:
+            await wait_until_up(root + "/healthz", process)
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+    return process, root
+
+
 async def test_recorded_answers_without_an_upstream(db_url: str, tmp_path: Path) -> None:
     async with fake_upstream() as upstream:
         answer_by_model(upstream)
@@ -189,19 +208,7 @@ async def test_playback_command(tmp_path: Path) -> None:
     async with fake_upstream() as upstream:
         answer_by_model(upstream)
         recorded = await record_two(config_for(url, upstream.url, tmp_path))
-    with reserved_port() as port:  # until playback listens on it
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
-            "--match", "ignore-fields=user", cwd=tmp_path,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        root = f"http://127.0.0.1:{port}"
-        try:
-            await wait_until_up(root + "/healthz", process)
-        except BaseException:
-            process.kill()
-            await process.wait()
-            raise
+    process, root = await playback_process(url, tmp_path, "--match", "ignore-fields=user")
     try:
         async with sdk(root) as client:
             answer = await client.chat.completions.with_raw_response.create(
@@ -264,19 +271,7 @@ async def test_playback_errors_plays_recorded_failures_for_retry_logic(tmp_path:
         ([], [ok], [200], [None]),
     )
     for flags, served, statuses, codes in runs:
-        with reserved_port() as port:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
-                *flags, cwd=tmp_path,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            root = f"http://127.0.0.1:{port}"
-            try:
-                await wait_until_up(root + "/healthz", process)
-            except BaseException:
-                process.kill()
-                await process.wait()
-                raise
+        process, root = await playback_process(url, tmp_path, *flags)
         try:
             body = {"model": "gpt-4o-mini", "messages": MESSAGES}
             seen = [await post(root, body) for _ in range(len(served) + 1)]
