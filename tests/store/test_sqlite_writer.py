@@ -19,7 +19,7 @@ import pytest
 
 from proxy.store import sqlite_writer, upgrade
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
-from proxy.store.rows import records, rows_for, table_rows
+from proxy.store.rows import rows_for, table_records
 from proxy.store.sqlite_writer import SqliteWriter, sqlite_null
 from proxy.store.turns import Turns
 from proxy.store.writer import writer_for
@@ -93,7 +93,7 @@ async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) ->
         assert await writer.write([rows]) == 1
     finally:
         await writer.close()
-    sent = dict(table_rows([rows]))
+    sent = dict(table_records([rows]))
     assert len(sent) == 4  # exchanges, completions, choices, usage
     with contextlib.closing(sqlite3.connect(db_path)) as con:
         for table, found in sent.items():
@@ -101,7 +101,7 @@ async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) ->
             types = con.execute(
                 f"SELECT {', '.join(f'typeof({n})' for n in names)} FROM {table.name}"
             ).fetchone()
-            for name, value, stored in zip(names, records(table, found)[0], types, strict=True):
+            for name, value, stored in zip(names, found[0], types, strict=True):
                 if value is None:
                     assert stored == "null", f"{table.name}.{name}"
                 elif isinstance(value, bool):
