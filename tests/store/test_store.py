@@ -266,7 +266,8 @@ def test_every_record_holds_exactly_its_tables_columns() -> None:
     for table, records in built.items():
         assert [len(record) for record in records] == [len(table.columns)] * len(records)
     # Logprob rows are built as tuples straight away: their order is the table's.
-    assert [dict(zip(columns(t.logprobs), record, strict=True)) for record in built[t.logprobs]] == [
+    named = [dict(zip(columns(t.logprobs), record, strict=True)) for record in built[t.logprobs]]
+    assert named == [
         {
             "exchange_id": ex.id,
             "choice_index": 0,
