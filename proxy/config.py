@@ -68,6 +68,8 @@ class Config:
     read_timeout: float = 600.0
     client_header_timeout: float = 30.0
     keepalive_timeout: float = 75.0
+    max_connections: int = 8192
+    max_streams: int = 4096
     max_request_bytes: int = 64 * 1024 * 1024
     client_body_timeout: float = 60.0
     max_record_bytes: int = 16 * 1024 * 1024
@@ -239,6 +241,8 @@ KEYS: dict[str, Key] = {
     "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
     "client_header_timeout": Key(_seconds, "seconds a client has to send a request's headers"),
     "keepalive_timeout": Key(_seconds, "seconds an idle client connection is kept open"),
+    "max_connections": Key(_positive_int, "client connections per worker (503 past them)"),
+    "max_streams": Key(_positive_int, "streams relayed at once per worker (503 past them)"),
     "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
     "client_body_timeout": Key(_seconds, "seconds a client may take to send its body (408)"),
     "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),

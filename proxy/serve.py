@@ -59,7 +59,17 @@ async def run(
     runner = make_runner(app, config)
     _tune_gc()
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
+    # A burst of new connections waits in the kernel's accept queue until the loop takes it;
+    # aiohttp's default of 128 overflows, and the kernel then drops connections that clients
+    # retry seconds later. Past `max_connections` they are answered 503 (`relay.load`). The
+    # kernel caps the queue at net.core.somaxconn.
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        backlog=config.max_connections,
+        reuse_port=reuse_port or None,
+    )
     try:
         await listen(site, "port (--port)")
     except BaseException:

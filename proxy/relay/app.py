@@ -25,6 +25,7 @@ from proxy.relay.appkeys import (
     APP_DEFERRED,
     APP_DEFERRED_READS,
     APP_IN_FLIGHT,
+    APP_LOAD,
     APP_RECORDER,
     APP_SESSION,
     APP_SINKS,
@@ -33,6 +34,7 @@ from proxy.relay.connections import Runner
 from proxy.relay.deferred import READ_DELAY, Deferred
 from proxy.relay.forward import forward
 from proxy.relay.inflight import InFlight
+from proxy.relay.load import Load
 from proxy.relay.websocket import install as install_websockets
 from proxy.sinks.fanout import Recorder, Sink, Sinks
 
@@ -89,6 +91,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app[APP_DEFERRED] = Deferred()
     app[APP_DEFERRED_READS] = Deferred(READ_DELAY)
     app[APP_IN_FLIGHT] = InFlight()
+    app[APP_LOAD] = Load(config.max_connections, config.max_streams)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_sinks)
     install_websockets(app)
@@ -102,6 +105,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
 def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     return Runner(
         app,
+        load=app[APP_LOAD],
         header_timeout=config.client_header_timeout,
         keepalive_timeout=config.keepalive_timeout,
         handler_cancellation=config.cancel_on_disconnect,

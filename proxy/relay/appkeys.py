@@ -9,6 +9,7 @@ from proxy.alert_rules import Blocked
 from proxy.config import Config
 from proxy.relay.deferred import Deferred
 from proxy.relay.inflight import InFlight
+from proxy.relay.load import Load
 from proxy.sinks.fanout import Recorder, Sinks
 
 APP_CONFIG = web.AppKey("config", Config)
@@ -24,3 +25,5 @@ APP_IN_FLIGHT = web.AppKey("in_flight", InFlight)
 """The exchanges being relayed: what SIGTERM waits for, then cuts (`inflight`)."""
 APP_BLOCKED = web.AppKey("blocked", Blocked)
 """Spent blocking budgets (`proxy.relay.budgets`), kept by `serve`'s alert evaluation."""
+APP_LOAD = web.AppKey("load", Load)
+"""The worker's open connections and streams, against its limits (`relay.load`)."""

@@ -3,7 +3,9 @@
 `forward` runs the steps in order, each in its own module:
 
 1. route the path to an upstream (`paths.route`); answer errors in OpenAI's shape (`errors`);
-2. read the body and, for a stream, ask the upstream for its usage (`usage_option`);
+   past `max_connections`, answer 503 (`load`);
+2. read the body and, for a stream, ask the upstream for its usage (`usage_option`); past
+   `max_streams`, answer 503;
 3. send it upstream (`_send_upstream`);
 4. relay the answer to the client through the tee (`relay`, `tee`, `reader`);
 5. in `finally`, whatever happened, have the record completed a moment later and handed to the
@@ -27,6 +29,7 @@ from proxy.relay.appkeys import (
     APP_CONFIG,
     APP_DEFERRED,
     APP_IN_FLIGHT,
+    APP_LOAD,
     APP_SESSION,
     APP_SINKS,
 )
@@ -41,6 +44,7 @@ from proxy.relay.errors import (
     unreachable,
 )
 from proxy.relay.headers import upstream_headers
+from proxy.relay.load import asks_to_stream, shed
 from proxy.relay.paths import Refused, route
 from proxy.relay.record import Record, conclude
 from proxy.relay.response import relay
@@ -72,6 +76,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
     try:
         if refused:
             return refuse_path(record.ensure_exchange(), upstream)
+        load = request.app[APP_LOAD]
+        if load.too_many_connections():
+            exchange = record.ensure_exchange()
+            return shed(exchange, "max_connections", load.max_connections, close=True)
         return await _exchange(request, config, upstream, rest, record, started)
     except asyncio.CancelledError:
         exchange = record.ensure_exchange()
@@ -117,19 +125,27 @@ async def _exchange(
     blocked = request.app[APP_BLOCKED]
     if blocked.budgets and (budget := over_budget(blocked, request.headers, body)) is not None:
         return budget_exceeded(record.ensure_exchange(), budget)
+    streams = asks_to_stream(outgoing)
+    load = request.app[APP_LOAD]
+    if streams and not load.take_stream():
+        return shed(record.ensure_exchange(), "max_streams", load.max_streams, close=False)
     url = URL(upstream.base_url + rest, encoded=True)
     try:
-        answer = await _send_upstream(request, url, outgoing)
-    except TimeoutError:
-        return unreachable(record.ensure_exchange(), upstream, 504, "timeout", "timed out")
-    except aiohttp.ClientError as exc:
-        return unreachable(
-            record.ensure_exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
-        )
-    async with answer:
-        return await relay(
-            request, config, answer, record, path_endpoint, outgoing.injected, started
-        )
+        try:
+            answer = await _send_upstream(request, url, outgoing)
+        except TimeoutError:
+            return unreachable(record.ensure_exchange(), upstream, 504, "timeout", "timed out")
+        except aiohttp.ClientError as exc:
+            return unreachable(
+                record.ensure_exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
+            )
+        async with answer:
+            return await relay(
+                request, config, answer, record, path_endpoint, outgoing.injected, started
+            )
+    finally:
+        if streams:
+            load.end_stream()
 
 
 async def _read_body(request: web.Request, seconds: float) -> bytes:
