@@ -20,6 +20,7 @@ from proxy.sinks.metrics import MetricsSink
 from proxy.sinks.otlp import OtlpExporter
 from proxy.sinks.wsmetrics import watch as watch_websockets
 from proxy.stopping import until_stopped
+from proxy.store.ahead import keep_ahead
 from proxy.store.recorder import open_recorder
 from proxy.store.retention import background
 
@@ -51,6 +52,8 @@ async def run(
         sinks.append(OtlpExporter(config, dropped=metrics.spans_dropped))
     app = build_app(config, recorder, sinks=sinks)
     watch_websockets(metrics.registry, app[APP_WS_SESSIONS])
+    if config.db_url.startswith("postgresql"):
+        app.cleanup_ctx.append(keep_ahead(config))
     if config.retention_days or config.retention_bodies_days:
         app.cleanup_ctx.append(background(config))
     if config.alerts or config.budgets:

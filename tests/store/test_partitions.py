@@ -4,7 +4,11 @@ days into the rollups and drops them while every cost report stays the same."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +21,7 @@ from proxy.store.report import cost_report
 from proxy.store.series import cost_series
 from tests import dbs
 from tests.dbs import chat_exchange, store
+from tests.faultkit import Serve, upstream_process
 from tests.store.test_prune import BYS, prune_before, workload
 
 pg_url = dbs.pg_url  # fixture
@@ -167,3 +172,47 @@ async def test_retention_drops_whole_days_and_every_report_stays(pg_url: str) ->
     assert (await counts(pg_url))["exchanges"] == 40
     assert await reports(pg_url) == before
     assert await prune_before(pg_url, cut) == 0
+
+
+async def test_serve_creates_the_partitions_ahead(pg_url: str, tmp_path: Path) -> None:
+    await upgrade(pg_url)
+    last = TODAY + timedelta(days=partitions.AHEAD_DAYS)
+    for table in reversed(TABLES):  # as if the migration had run a day earlier
+        part = partitions.name(table, last)
+        await execute(
+            pg_url, f'ALTER TABLE "{table}" DETACH PARTITION "{part}"', f'DROP TABLE "{part}"'
+        )
+    with upstream_process() as upstream:
+        serve = Serve(tmp_path, upstream, {"db_url": pg_url})
+        await serve.start()
+        try:
+            await until_async(lambda: has_day(pg_url, last), 20)
+        finally:
+            serve.release()
+    assert "partitions created for " + last.isoformat() in serve.log_text()
+
+
+async def execute(url: str, *statements: str) -> None:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            for statement in statements:
+                await conn.execute(sa.text(statement))
+    finally:
+        await engine.dispose()
+
+
+async def has_day(url: str, day: date) -> bool:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return day in await conn.run_sync(partitions.days)
+    finally:
+        await engine.dispose()
+
+
+async def until_async(condition: Callable[[], Awaitable[bool]], within: float) -> None:
+    deadline = time.monotonic() + within
+    while not await condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.2)
