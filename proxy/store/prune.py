@@ -190,14 +190,16 @@ async def _drop_days(
     due = await pruner.run(
         lambda conn: partitions.due_days(conn, before) if partitions.is_partitioned(conn) else []
     )
-    for day in due:
+    took = 0.0
+    for n, day in enumerate(due):
+        if n:  # between two days, as between two batches
+            await asyncio.sleep(max(pause, SHARE * took))
         if stop is not None and stop.is_set():
             return
         began = time.monotonic()
         done.count += await pruner.run(lambda conn, day=day: partitions.drop_day(conn, day))
         took = time.monotonic() - began
         done.longest = max(done.longest, took)
-        await asyncio.sleep(max(pause, SHARE * took))
 
 
 def _batch(
