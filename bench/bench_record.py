@@ -201,7 +201,8 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(asyncio.run(one(*args.one, args.count, args.pg))))
+        engine, workload = args.one
+        print(json.dumps(asyncio.run(one(engine, workload, args.count, args.pg))))
         return
     engines = args.engine or (["sqlite", "postgresql"] if args.pg else ["sqlite"])
     checkouts = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])

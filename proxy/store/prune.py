@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -197,7 +198,7 @@ async def _drop_days(
         if stop is not None and stop.is_set():
             return
         began = time.monotonic()
-        done.count += await pruner.run(lambda conn, day=day: partitions.drop_day(conn, day))
+        done.count += await pruner.run(partial(partitions.drop_day, day=day))
         took = time.monotonic() - began
         done.longest = max(done.longest, took)
 

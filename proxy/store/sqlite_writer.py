@@ -36,8 +36,8 @@ import sqlalchemy as sa
 
 from proxy.store import tables as t
 from proxy.store.engine import create_private, describe, sqlite_pragmas
+from proxy.store.logprob_rows import Record
 from proxy.store.rows import (
-    Record,
     Rows,
     columns,
     merged_fingerprints,

@@ -61,7 +61,7 @@ async def counts(url: str) -> dict[str, int]:
 
 async def where_rows_are(url: str, table: str) -> dict[str, int]:
     found = await query(url, f'SELECT tableoid::regclass::text, count(*) FROM "{table}" GROUP BY 1')
-    return dict(found)  # type: ignore[arg-type]
+    return dict(found)
 
 
 def test_a_day_bound_is_the_lowest_id_of_that_day() -> None:
