@@ -18,6 +18,8 @@ import pytest
 from aiohttp import web
 
 from proxy.config import ConfigError, load
+from proxy.relay.load import asks_to_stream
+from proxy.relay.usage_option import upstream_body
 from tests.conftest import start_site
 from tests.faultkit import COMPLETION, Serve
 
@@ -173,3 +175,21 @@ def test_limits_must_be_positive_integers(tmp_path: Path, key: str, value: Any) 
     path.write_text(f"{key} = {orjson.dumps(value).decode()}\n")
     with pytest.raises(ConfigError, match=key):
         load(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("body", "streams"),
+    [
+        (b'{"model": "m", "stream": true}', True),
+        (b'{"model": "m", "stream": false}', False),
+        (b'{"model": "m", "messages": [{"content": "\\"stream\\": true"}]}', False),
+        (b'{"model": "m"}', False),
+        (b"stream=true", False),  # not JSON: a form upload never streams
+    ],
+)
+def test_a_stream_is_read_off_the_body_when_usage_is_not_injected(
+    body: bytes, streams: bool
+) -> None:
+    # With stream_usage = "passthrough" the body is not parsed to ask for usage.
+    assert asks_to_stream(upstream_body(body, inject=False)) is streams
+    assert asks_to_stream(upstream_body(body, inject=True)) is streams
