@@ -25,6 +25,7 @@ a few minutes on any machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,33 +165,45 @@ def streams(loaders: Loaders, port: int, count: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def upstreams(workers: int, work: Path) -> Iterator[str]:
+    """N mock upstream processes sharing a port, while the block runs; their base URL."""
+    port = procs.free_port()
+    up = started([upstream(port, n) for n in range(workers)], work)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        for target in up:
+            procs.stop(target)
+
+
+@contextlib.contextmanager
+def running(
+    name: str, workers: int, url: str, home: Path, pg: str | None
+) -> Iterator[list[Target]]:
+    """The relay or flightrec at N = `workers`, while the block runs: its processes (the
+    relay's N, or serve, whose workers are its children)."""
+    targets = relay(workers, url) if name == "relay" else [flightrec(workers, url, home, pg)]
+    try:
+        yield started(targets, home.parent)
+    finally:
+        for target in targets:
+            procs.stop(target)
+
+
 def measure_n(
     workers: int, loaders: Loaders, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
     """Both targets at N = `workers`, `args.rounds` times, the order alternating."""
-    port = procs.free_port()
-    up = started([upstream(port, n) for n in range(workers)], work)
-    url = f"http://127.0.0.1:{up[0].port}/v1"
     seen: dict[str, list[dict[str, Any]]] = {"relay": [], "flightrec": []}
-    try:
+    with upstreams(workers, work) as url:
         for turn in range(args.rounds):
             order = ["relay", "flightrec"] if turn % 2 == 0 else ["flightrec", "relay"]
             for name in order:
-                targets = (
-                    relay(workers, url)
-                    if name == "relay"
-                    else [flightrec(workers, url, work / f"home-{workers}-{turn}", args.pg)]
-                )
-                try:
-                    started(targets, work)
+                home = work / f"home-{workers}-{turn}"
+                with running(name, workers, url, home, args.pg) as targets:
                     seen[name].append(closed(loaders, targets[0].port, targets, args))
-                finally:
-                    for target in targets:
-                        procs.stop(target)
                 print(f"N={workers} round {turn + 1} {name}: {seen[name][-1]}", flush=True)
-    finally:
-        for target in up:
-            procs.stop(target)
     medians = {
         name: {key: _median([r[key] for r in found]) for key in found[0]}
         for name, found in seen.items()
@@ -209,27 +223,12 @@ def _median(values: list[Any]) -> Any:
 def measure_streams(
     workers: int, loaders: Loaders, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
-    port = procs.free_port()
-    up = started([upstream(port, n) for n in range(workers)], work)
-    url = f"http://127.0.0.1:{up[0].port}/v1"
     found: dict[str, Any] = {"workers": workers}
-    try:
+    with upstreams(workers, work) as url:
         for name in ("relay", "flightrec"):
-            targets = (
-                relay(workers, url)
-                if name == "relay"
-                else [flightrec(workers, url, work / "home-streams", args.pg)]
-            )
-            try:
-                started(targets, work)
+            with running(name, workers, url, work / "home-streams", args.pg) as targets:
                 found[name] = streams(loaders, targets[0].port, args.streams)
-            finally:
-                for target in targets:
-                    procs.stop(target)
             print(f"streams N={workers} {name}: {found[name]}", flush=True)
-    finally:
-        for target in up:
-            procs.stop(target)
     return found
 
 

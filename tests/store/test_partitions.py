@@ -23,6 +23,7 @@ from tests import dbs
 from tests.dbs import chat_exchange, store
 from tests.faultkit import Serve, upstream_process
 from tests.store.test_prune import BYS, prune_before, workload
+from tests.store.test_recorder import query
 
 pg_url = dbs.pg_url  # fixture
 
@@ -40,15 +41,6 @@ def minted_at(ex: Exchange, at: datetime) -> Exchange:
     ex.started_at = at.timestamp()
     ex.id = format_id(int(at.timestamp() * 1000) << 12)
     return ex
-
-
-async def query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    engine = create_engine(url)
-    try:
-        async with engine.connect() as conn:
-            return [tuple(row) for row in await conn.execute(sa.text(sql))]
-    finally:
-        await engine.dispose()
 
 
 async def counts(url: str) -> dict[str, int]:
