@@ -1,7 +1,7 @@
 """PostgreSQL: `exchanges` and its child tables partitioned by day (`store/partitions.py`).
 
 Revision ID: 0010
-Revises: 0005
+Revises: 0009
 Create Date: 2026-11-27
 
 Each of the seven tables is rebuilt, parents first: its keys and indexes are read from the
@@ -10,7 +10,8 @@ RANGE-partitioned table (on `id`, on `exchange_id` in the children) with the sam
 keys and indexes, given a DEFAULT partition and a partition per day from the oldest stored
 id's day to `AHEAD_DAYS` after today, filled from the old table, which is then dropped. The
 rows are copied, so the upgrade takes about as long as writing them again. Downgrade rebuilds
-plain tables the same way. SQLite: nothing changes.
+plain tables the same way. SQLite: nothing changes. A table of another migration that refers
+to one of these seven would make the old table's DROP fail, not lose its key silently.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from alembic import op
 from proxy.store import partitions
 
 revision: str = "0010"
-down_revision: str | None = "0005"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -95,7 +96,7 @@ def _rebuild(partitioned: bool) -> None:
     for table in TABLES:
         op.execute(f'INSERT INTO "{table}" SELECT * FROM "{table}_old"')
     for table in reversed(TABLES):
-        op.execute(f'DROP TABLE "{table}_old" CASCADE')
+        op.execute(f'DROP TABLE "{table}_old"')
 
 
 def _days(conn: sa.Connection) -> list[date]:

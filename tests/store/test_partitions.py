@@ -28,6 +28,8 @@ from tests.store.test_recorder import query
 pg_url = dbs.pg_url  # fixture
 
 TODAY = datetime.now(UTC).date()
+BEFORE = "0009"
+"""The revision migration 0010 follows."""
 TABLES = ("exchanges", "tags", "completions", "choices", "usage", "logprobs", "raw_streams")
 
 
@@ -68,7 +70,7 @@ def test_a_day_bound_is_the_lowest_id_of_that_day() -> None:
 
 
 async def test_an_existing_database_is_converted_with_its_rows_and_back(pg_url: str) -> None:
-    await upgrade(pg_url, "0005")
+    await upgrade(pg_url, BEFORE)
     exchanges = [
         minted_at(chat_exchange(logprobs=["a", "b"], tags={"team": "red"}), midnight(day))
         for day in (TODAY - timedelta(days=3), TODAY - timedelta(days=1), TODAY)
@@ -115,7 +117,7 @@ async def test_an_existing_database_is_converted_with_its_rows_and_back(pg_url: 
     finally:
         await engine.dispose()
 
-    await downgrade(pg_url, "0005")
+    await downgrade(pg_url, BEFORE)
     one_more = {"exchanges": 1, "completions": 1, "choices": 1, "usage": 1}
     assert await counts(pg_url) == {k: v + one_more.get(k, 0) for k, v in before.items()}
     assert await where_rows_are(pg_url, "exchanges") == {"exchanges": 5}
