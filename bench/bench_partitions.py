@@ -48,8 +48,8 @@ SELECT substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || lpad(to_hex(g % 4096
     900, 0, 'ab12ab12ab12ab12', 'sk-...a1b2', 0.00001 * (1 + g % 7), 'gpt-4o-mini (shipped)',
     'reported'
 FROM (SELECT g, CAST(:first_ms AS bigint)
-        + ((g - CAST(:start AS bigint)) * 86399999::bigint / CAST(:rows AS bigint)) AS ms
-      FROM generate_series(CAST(:start AS bigint), CAST(:start AS bigint) + :rows - 1) g) s,
+        + ((g - CAST(:origin AS bigint)) * 86399999::bigint / CAST(:total AS bigint)) AS ms
+      FROM generate_series(CAST(:start AS bigint), CAST(:start AS bigint) + :count - 1) g) s,
     LATERAL (SELECT lpad(to_hex(ms), 12, '0') AS h) x
 """
 CHILDREN = (
@@ -64,15 +64,34 @@ def midnight(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
-async def fill(engine: AsyncEngine, day: date, rows: int, start: int) -> float:
-    """`rows` exchanges spread over `day`; returns the seconds it took."""
+CHUNK = 50_000
+"""Exchanges a statement: each stays well within the engine's statement timeout."""
+
+
+def ms_bound(ms: int) -> str:
+    """The lowest id of millisecond `ms`."""
+    h = f"{ms:012x}"
+    return f"{h[:8]}-{h[8:]}-0000-0000-000000000000"
+
+
+async def fill(engine: AsyncEngine, day: date, rows: int, origin: int) -> float:
+    """`rows` exchanges spread over `day`, `CHUNK` a transaction; returns the seconds it
+    took."""
     began = time.perf_counter()
     first_ms = int(midnight(day).timestamp() * 1000)
-    low, high = partitions.bound(day), partitions.bound(day + timedelta(days=1))
-    async with engine.begin() as conn:
-        await conn.execute(sa.text(FILL), {"first_ms": first_ms, "rows": rows, "start": start})
-        for statement in CHILDREN:
-            await conn.execute(sa.text(statement), {"low": low, "high": high})
+
+    def ms_of(g: int) -> int:
+        return first_ms + (g - origin) * 86399999 // rows
+
+    for start in range(origin, origin + rows, CHUNK):
+        count = min(CHUNK, origin + rows - start)
+        params = {"first_ms": first_ms, "origin": origin, "total": rows}
+        params |= {"start": start, "count": count}
+        bounds = {"low": ms_bound(ms_of(start)), "high": ms_bound(ms_of(start + count - 1) + 1)}
+        async with engine.begin() as conn:
+            await conn.execute(sa.text(FILL), params)
+            for statement in CHILDREN:
+                await conn.execute(sa.text(statement), bounds)
     async with engine.connect() as conn:
         auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
         await auto.execute(sa.text("VACUUM ANALYZE"))
