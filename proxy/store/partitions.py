@@ -39,6 +39,8 @@ AHEAD_DAYS = 7
 """Days created ahead of today."""
 EVERY = 3600.0
 """Seconds between two runs of `keep_ahead` in `serve`."""
+FOLD_WORK_MEM = "256MB"
+"""PostgreSQL's `work_mem` for the fold of a day (for its transaction only)."""
 _DAY_NAME = re.compile(r"^exchanges_p(\d{8})$")
 
 
@@ -141,6 +143,16 @@ def fold(conn: sa.Connection, day: date) -> list[rollups.Rollup]:
     rules of `rollups.fold_query` and `rollups.add` (one row per day, group and tag set)."""
     ex, usage, tags = t.exchanges, t.usage, t.tags
     low, high = bound(day), bound(day + timedelta(days=1))
+
+    def in_day(table: sa.Table) -> tuple[sa.ColumnElement[bool], ...]:
+        """The day's range on `table`'s key: only the day's partition is read."""
+        key = table.c.id if table is ex else table.c.exchange_id
+        return key >= low, key < high
+
+    # One big aggregate: memory to hash and sort it without spilling to disk, and no JIT
+    # compilation (it costs more than it saves on a query run once a day).
+    conn.execute(sa.text(f"SET LOCAL work_mem = '{FOLD_WORK_MEM}'"))
+    conn.execute(sa.text("SET LOCAL jit = off"))
     pair = sa.func.json_build_array(tags.c.key, tags.c.value)
     tagged = (
         sa.select(
@@ -149,7 +161,7 @@ def fold(conn: sa.Connection, day: date) -> list[rollups.Rollup]:
                 sa.func.json_agg(aggregate_order_by(pair, tags.c.key, tags.c.value)), sa.Text
             ).label("tag_set"),
         )
-        .where(tags.c.exchange_id >= low, tags.c.exchange_id < high)
+        .where(*in_day(tags))
         .group_by(tags.c.exchange_id)
         .subquery("tagged")
     )
@@ -164,11 +176,11 @@ def fold(conn: sa.Connection, day: date) -> list[rollups.Rollup]:
             sa.case((is_unpriced(), 1), else_=0).label("unpriced"),
         )
         .select_from(
-            ex.outerjoin(usage, usage.c.exchange_id == ex.c.id).outerjoin(
+            ex.outerjoin(usage, sa.and_(usage.c.exchange_id == ex.c.id, *in_day(usage))).outerjoin(
                 tagged, tagged.c.exchange_id == ex.c.id
             )
         )
-        .where(ex.c.id >= low, ex.c.id < high)
+        .where(*in_day(ex))
         .subquery("each")
     )
     keys = [each.c.day, *(each.c[column] for column in rollups.GROUP), each.c.tag_set]
