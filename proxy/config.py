@@ -110,8 +110,7 @@ class Config:
     retention_bodies_days: int = 0
     """Drop bodies (choices, logprobs, raw streams) older than N days; 0: with their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
-    """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only, applied over the
-    shipped table (`proxy.pricing.PriceTable.load`)."""
+    """`[prices."<model>"]` as written (USD per 1M tokens), read-only, over the shipped table."""
     alerts: tuple[AlertRule, ...] = ()
     budgets: tuple[Budget, ...] = ()
     alerts_interval: float = 30.0
@@ -272,9 +271,8 @@ KEYS: dict[str, Key] = {
     "alerts_interval": Key(_seconds, "seconds between two evaluations of alerts and budgets"),
 }
 FLAGS = {"db_url": "--db"}
-"""Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
-about a value given by flag name the flag the user typed. A command whose flags differ (the
-console's `--host` sets `console_host`) passes its own to `load`."""
+"""Flags not named after their key (the rest are `--<key>`): an error names the flag typed. A
+command whose flags differ (the console's `--host` sets `console_host`) passes its own."""
 UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
 REDACT_KEYS = ("name", "preset", "pattern", "replace")
 """Fields of a `[[redact]]` table (`proxy.privacy.redact.parse_rules` checks them)."""
