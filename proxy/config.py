@@ -8,42 +8,20 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from proxy import config_values as v
 from proxy.alert_rules import AlertRule, Budget, parse_watch
+from proxy.config_values import ConfigError as ConfigError  # the error every command catches
+from proxy.config_values import Frozen as Frozen
+from proxy.config_values import Key
 from proxy.privacy.redact import RedactRule, parse_rules
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
-
-
-class ConfigError(Exception):
-    """A configuration problem; the message names the key."""
-
-
-class Frozen(Mapping[str, Any]):
-    """A read-only mapping that pickles (`serve --workers` sends the config to its workers)."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
-        self._data = dict(data or {})
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"Frozen({self._data!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,159 +94,49 @@ class Config:
     alerts_interval: float = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
-    parse: Callable[[str, Any], Any]
-    doc: str
-
-
-def _int(key: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}: expected an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _port(key: str, value: Any) -> int:
-    port = _int(key, value)
-    if port > 65535:
-        raise ConfigError(f"{key}: expected a port number 0-65535, got {port}")
-    return port
-
-
-def _positive_int(key: str, value: Any) -> int:
-    return _int(key, value, minimum=1)
-
-
-def _seconds(key: str, value: Any) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{key}: expected a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{key}: expected true or false, got {value!r}")
-
-
-def _str(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _choice(*choices: str) -> Callable[[str, Any], str]:
-    def parse(key: str, value: Any) -> str:
-        if value not in choices:
-            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
-        return str(value)
-
-    return parse
-
-
-def _optional(parse: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
-    """`parse`, with "" for none."""
-    return lambda key, value: None if value == "" else parse(key, value)
-
-
-def _db_url(key: str, value: Any) -> str:
-    url = _str(key, value)
-    if not url.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
-        raise ConfigError(
-            f"{key}: expected a sqlite+aiosqlite:// or postgresql+asyncpg:// URL, got {url!r}"
-        )
-    return url
-
-
-def _http_url(key: str, value: Any) -> str:
-    url = _str(key, value)
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
-    return url.rstrip("/")
-
-
-METRICS_LABELS = ("user", "key")
-
-
-def _metrics_labels(key: str, value: Any) -> tuple[str, ...]:
-    """A list, or (from the environment) names separated by commas."""
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, list) or any(label not in METRICS_LABELS for label in value):
-        raise ConfigError(f"{key}: expected a list of {', '.join(METRICS_LABELS)}, got {value!r}")
-    return tuple(label for label in METRICS_LABELS if label in value)
-
-
-def _headers(key: str, value: Any) -> Frozen:
-    """A table of header names to values, or (from the environment) `name=value,name=value`."""
-    if isinstance(value, str):
-        pairs = [part.partition("=") for part in value.split(",") if part.strip()]
-        if any(not sep for _, sep, _ in pairs):
-            raise ConfigError(f"{key}: expected name=value pairs separated by commas")
-        value = {name.strip(): text.strip() for name, _, text in pairs}
-    if not isinstance(value, dict) or not all(
-        isinstance(name, str) and name and isinstance(text, str) for name, text in value.items()
-    ):
-        raise ConfigError(f"{key}: expected a table of header names to string values")
-    return Frozen(value)
-
-
 KEYS: dict[str, Key] = {
-    "host": Key(_str, "address to listen on"),
-    "port": Key(_port, "port to listen on"),
-    "workers": Key(_positive_int, "proxy processes sharing the port (SO_REUSEPORT)"),
-    "db_url": Key(_db_url, "database URL (SQLite or PostgreSQL)"),
-    "auto_upgrade": Key(_bool, "migrate the database to head when serve starts"),
-    "stream_usage": Key(_choice("inject", "passthrough"), "ask upstreams for stream usage"),
-    "cancel_on_disconnect": Key(_bool, "cancel the upstream request when the client leaves"),
-    "connect_timeout": Key(_seconds, "seconds to connect to an upstream"),
-    "read_timeout": Key(_seconds, "seconds an upstream may stay silent"),
-    "client_header_timeout": Key(_seconds, "seconds a client has to send a request's headers"),
-    "keepalive_timeout": Key(_seconds, "seconds an idle client connection is kept open"),
-    "max_connections": Key(_positive_int, "client connections per worker (503 past them)"),
-    "max_streams": Key(_positive_int, "streams relayed at once per worker (503 past them)"),
-    "max_request_bytes": Key(_positive_int, "largest request body accepted (413 above)"),
-    "client_body_timeout": Key(_seconds, "seconds a client may take to send its body (408)"),
-    "max_record_bytes": Key(_positive_int, "largest non-stream response body recorded"),
-    "max_stream_record_bytes": Key(_positive_int, "bytes of a stream its record is made from"),
-    "store_raw_stream": Key(_bool, "keep the exact bytes of streams for playback"),
-    "store_audio": Key(_bool, "keep WebSocket sessions' audio in the record (always counted)"),
-    "max_session_record_bytes": Key(_positive_int, "bytes one WebSocket session's record keeps"),
-    "shutdown_grace": Key(_seconds, "seconds in-flight exchanges get on SIGTERM"),
-    "queue_size": Key(_positive_int, "journaled records also held in memory for the writer"),
-    "batch_size": Key(_positive_int, "records written per database transaction"),
-    "batch_interval": Key(_seconds, "seconds the writer waits to fill a batch"),
-    "spool_path": Key(_str, "the journal: every record lands here before the database"),
-    "journal_max_bytes": Key(_positive_int, "largest the journal may grow (unwritten records)"),
-    "log_level": Key(_choice("debug", "info", "warning", "error"), "log verbosity"),
-    "console_host": Key(_str, "address the console listens on"),
-    "console_port": Key(_port, "port of the console serve runs (0: none)"),
-    "console_token": Key(_optional(_str), "token all console routes need (required off loopback)"),
-    "metrics_labels": Key(_metrics_labels, "labels /metrics adds: user, key (can be unbounded)"),
-    "otlp_endpoint": Key(_optional(_http_url), "OTLP/HTTP traces URL; one span per exchange"),
-    "otlp_headers": Key(_headers, "headers sent with every OTLP export"),
-    "otlp_content": Key(_bool, "put message content in spans (never for omitted exchanges)"),
-    "otlp_content_max_bytes": Key(_positive_int, "bytes of content in a span's attribute, at most"),
-    "pseudonym_key": Key(_optional(_str), "key of identifiers' pseudonyms (default: generated)"),
-    "store_bodies": Key(_choice("full", "metadata"), "full: bodies; metadata: usage, cost, times"),
-    "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
-    "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),
-    "alerts_interval": Key(_seconds, "seconds between two evaluations of alerts and budgets"),
+    "host": Key(v.text, "address to listen on"),
+    "port": Key(v.port, "port to listen on"),
+    "workers": Key(v.positive_int, "proxy processes sharing the port (SO_REUSEPORT)"),
+    "db_url": Key(v.db_url, "database URL (SQLite or PostgreSQL)"),
+    "auto_upgrade": Key(v.boolean, "migrate the database to head when serve starts"),
+    "stream_usage": Key(v.choice("inject", "passthrough"), "ask upstreams for stream usage"),
+    "cancel_on_disconnect": Key(v.boolean, "cancel the upstream request when the client leaves"),
+    "connect_timeout": Key(v.seconds, "seconds to connect to an upstream"),
+    "read_timeout": Key(v.seconds, "seconds an upstream may stay silent"),
+    "client_header_timeout": Key(v.seconds, "seconds a client has to send a request's headers"),
+    "keepalive_timeout": Key(v.seconds, "seconds an idle client connection is kept open"),
+    "max_connections": Key(v.positive_int, "client connections per worker (503 past them)"),
+    "max_streams": Key(v.positive_int, "streams relayed at once per worker (503 past them)"),
+    "max_request_bytes": Key(v.positive_int, "largest request body accepted (413 above)"),
+    "client_body_timeout": Key(v.seconds, "seconds a client may take to send its body (408)"),
+    "max_record_bytes": Key(v.positive_int, "largest non-stream response body recorded"),
+    "max_stream_record_bytes": Key(v.positive_int, "bytes of a stream its record is made from"),
+    "store_raw_stream": Key(v.boolean, "keep the exact bytes of streams for playback"),
+    "store_audio": Key(v.boolean, "keep WebSocket sessions' audio in the record (always counted)"),
+    "max_session_record_bytes": Key(v.positive_int, "bytes one WebSocket session's record keeps"),
+    "shutdown_grace": Key(v.seconds, "seconds in-flight exchanges get on SIGTERM"),
+    "queue_size": Key(v.positive_int, "journaled records also held in memory for the writer"),
+    "batch_size": Key(v.positive_int, "records written per database transaction"),
+    "batch_interval": Key(v.seconds, "seconds the writer waits to fill a batch"),
+    "spool_path": Key(v.text, "the journal: every record lands here before the database"),
+    "journal_max_bytes": Key(v.positive_int, "largest the journal may grow (unwritten records)"),
+    "log_level": Key(v.choice("debug", "info", "warning", "error"), "log verbosity"),
+    "console_host": Key(v.text, "address the console listens on"),
+    "console_port": Key(v.port, "port of the console serve runs (0: none)"),
+    "console_token": Key(
+        v.optional(v.text), "token every console route needs (off loopback: required)"
+    ),
+    "metrics_labels": Key(v.metrics_labels, "labels /metrics adds: user, key (can be unbounded)"),
+    "otlp_endpoint": Key(v.optional(v.http_url), "OTLP/HTTP traces URL; one span per exchange"),
+    "otlp_headers": Key(v.headers, "headers sent with every OTLP export"),
+    "otlp_content": Key(v.boolean, "put message content in spans (never for omitted exchanges)"),
+    "otlp_content_max_bytes": Key(v.positive_int, "most bytes of content in one span attribute"),
+    "pseudonym_key": Key(v.optional(v.text), "key of identifiers' pseudonyms (default: generated)"),
+    "store_bodies": Key(v.choice("full", "metadata"), "full: bodies; metadata: usage, cost, times"),
+    "retention_days": Key(v.integer, "prune exchanges older than N days, keeping cost (0: never)"),
+    "retention_bodies_days": Key(v.integer, "drop bodies older than N days (0: with the exchange)"),
+    "alerts_interval": Key(v.seconds, "seconds between two evaluations of alerts and budgets"),
 }
 FLAGS = {"db_url": "--db"}
 """Flags not named after their key (the rest are `--<key>`): an error names the flag typed. A
@@ -298,14 +166,14 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
         for key in entry:
             if key not in UPSTREAM_KEYS:
                 raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(UPSTREAM_KEYS)})")
-        name = _str(f"{where}.name", entry.get("name"))
+        name = v.text(f"{where}.name", entry.get("name"))
         if not name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"{where}.name: use letters, digits, - and _ only, got {name!r}")
-        base_url = _http_url(f"{where}.base_url", entry.get("base_url"))
-        prefix = _str(f"{where}.prefix", entry.get("prefix", "/v1" if i == 0 else f"/{name}/v1"))
+        base_url = v.http_url(f"{where}.base_url", entry.get("base_url"))
+        prefix = v.text(f"{where}.prefix", entry.get("prefix", "/v1" if i == 0 else f"/{name}/v1"))
         if not prefix.startswith("/"):
             raise ConfigError(f"{where}.prefix: must start with /, got {prefix!r}")
-        api_key_env = _str(f"{where}.api_key_env", entry.get("api_key_env", "OPENAI_API_KEY"))
+        api_key_env = v.text(f"{where}.api_key_env", entry.get("api_key_env", "OPENAI_API_KEY"))
         upstreams.append(Upstream(name, base_url, prefix.rstrip("/") or "/", api_key_env))
     for key, label in (("name", "names"), ("prefix", "prefixes")):
         values = [getattr(u, key) for u in upstreams]
@@ -383,7 +251,7 @@ def load(
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"
     if upstream_url and "upstreams" in used:
-        first = replace(config.upstreams[0], base_url=_http_url(where, upstream_url))
+        first = replace(config.upstreams[0], base_url=v.http_url(where, upstream_url))
         config = replace(config, upstreams=(first, *config.upstreams[1:]))
     return config
 
