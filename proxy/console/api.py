@@ -15,7 +15,7 @@ from aiohttp import web
 from proxy.console import params
 from proxy.console.openapi import document
 from proxy.console.state import state
-from proxy.store import browse, detail, report, series
+from proxy.store import browse, detail, overview, report, series
 from proxy.store.engine import StoreError
 from proxy.store.read import get_exchange
 
@@ -101,6 +101,14 @@ async def cost_series(request: web.Request) -> web.Response:
     return json_response(found)
 
 
+async def overview_api(request: web.Request) -> web.Response:
+    """SPEC 8's `/api/overview`, for the filters of the list."""
+    query = request.query
+    params.check_known(query, params.OVERVIEW_PARAMS)
+    found = await overview.overview(state(request).db(), params.list_filters(query))
+    return json_response(found)
+
+
 async def fingerprints(request: web.Request) -> web.Response:
     params.check_known(request.query, frozenset())
     return json_response(await browse.fingerprints(state(request).db()))
@@ -122,5 +130,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/exchanges/{id}/timeline", exchange_timeline)
     app.router.add_get("/api/cost", cost)
     app.router.add_get("/api/cost/series", cost_series)
+    app.router.add_get("/api/overview", overview_api)
     app.router.add_get("/api/fingerprints", fingerprints)
     app.router.add_get("/api/{tail:.*}", not_found)

@@ -25,6 +25,7 @@ COST_PARAMS = frozenset({"since", "until", "model", "key", "tag"})
 LIST_PARAMS = COST_PARAMS | {
     "outcome", "status", "user", "upstream", "fingerprint", "replay_of", "q", "limit", "cursor",
 }  # fmt: skip
+OVERVIEW_PARAMS = LIST_PARAMS - {"limit", "cursor"}
 
 
 class BadParam(ValueError):

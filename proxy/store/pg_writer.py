@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from proxy.store import facets
 from proxy.store import tables as t
 from proxy.store.rows import (
     Rows,
@@ -36,6 +37,7 @@ ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
     first_seen = least(fingerprints.first_seen, excluded.first_seen),
     last_seen = greatest(fingerprints.last_seen, excluded.last_seen)"""
 """Its columns are `tables.fingerprints`' in declared order, as `records` gives them."""
+FACETS = facets.upsert_sql("postgresql")
 
 
 class PgWriter:
@@ -71,6 +73,10 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
         merged = merged_fingerprints([rows.fingerprint for rows in fresh if rows.fingerprint])
         if merged:
             await driver.executemany(COUNT_FINGERPRINTS, records(t.fingerprints, merged))
+        found = facets.of_batch(fresh)
+        if found:
+            # The overview's sums, in this transaction: added once, for what was inserted.
+            await driver.executemany(FACETS, facets.records(found))
     return len(fresh)
 
 

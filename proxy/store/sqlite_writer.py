@@ -34,6 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from proxy.store import facets
 from proxy.store import tables as t
 from proxy.store.engine import create_private, describe, sqlite_pragmas
 from proxy.store.logprob_rows import Record
@@ -73,6 +74,7 @@ WAL_WARN_BYTES = 256 * 1024 * 1024
 WARN_EVERY = 60.0
 """Seconds between two warnings about the log while the trouble lasts."""
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_FACETS = facets.upsert_sql("sqlite")
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -189,6 +191,9 @@ class SqliteWriter:
             if fingerprints:
                 merged = records(t.fingerprints, fingerprints)
                 con.executemany(COUNT_FINGERPRINTS, _sqlite_records(t.fingerprints, merged))
+            found = facets.of_batch(fresh)
+            if found:
+                con.executemany(_FACETS, facets.records(found, sqlite_time))
             await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)

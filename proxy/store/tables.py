@@ -255,3 +255,41 @@ alert_events = sa.Table(
     sa.Index(None, "at"),
 )
 """Every move of an `alert_state` row: what the console's `/alerts` lists as past alerts."""
+
+LATENCY_BOUNDS_MS = tuple(round(25 * 2 ** (i / 2)) for i in range(27))
+"""Upper bounds of the latency histogram's buckets (ms, a factor of about 1.41 apart, 25 ms to
+205 s); the last bucket holds everything above. A percentile read from them is within that
+factor: `facets.percentile` interpolates inside the bucket."""
+HISTOGRAM = len(LATENCY_BOUNDS_MS) + 1
+DURATION_COLUMNS = tuple(f"d{i}" for i in range(HISTOGRAM))
+TTFT_COLUMNS = tuple(f"t{i}" for i in range(HISTOGRAM))
+FACET_SUMS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost_nano",
+    "priced",
+    "unpriced",
+    *DURATION_COLUMNS,
+    *TTFT_COLUMNS,
+)
+
+facets = sa.Table(
+    "facets",
+    metadata,
+    sa.Column("dim", sa.String(), primary_key=True),
+    sa.Column("value", sa.String(), primary_key=True),
+    sa.Column("span", sa.String(4), primary_key=True),
+    sa.Column("start", Time, primary_key=True),
+    sa.Column("hint", sa.String()),
+    *(sa.Column(name, sa.BigInteger(), nullable=False) for name in FACET_SUMS),
+    sa.Index(None, "dim", "span", "start"),
+)
+"""The writer's running sums for the overview (migration 0008): per UTC hour and per UTC day
+(`span`), per facet (`dim`: `all`, `upstream`, `model` (answering, else requested),
+`model_any` (each of the two), `key` (its hash; `hint` beside it), `user`, `tag` (`k=v`)) and
+its `value`. Written in the transaction that inserts the exchanges (`facets.py`), so a
+dashboard reads a few rows per bucket, never the exchanges."""
