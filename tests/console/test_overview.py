@@ -19,10 +19,9 @@ from proxy.store.migrate import upgrade
 from proxy.store.overview import segments
 from proxy.store.rows import rows_for
 from proxy.store.writer import writer_for
-
 from tests import dbs
-from tests.console_data import console_app
 from tests.cli.test_cli_store import cli
+from tests.console_data import console_app
 
 db_url = dbs.db_url  # fixture
 HOUR = 3600.0
