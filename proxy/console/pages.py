@@ -26,6 +26,7 @@ from proxy.tools import export as export_mod
 from proxy.tools.compare import compare, content_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LIST = "/exchanges"
 EXPORT_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "har": "application/json"}
 
 
@@ -81,8 +82,8 @@ async def list_view(request: web.Request) -> web.Response:
         form={k: query.get(k, "") for k in params.LIST_PARAMS},
         tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
         outcomes=browse.OUTCOMES,
-        next_url=None if following is None else _url("/", [*kept, ("cursor", following)]),
-        first_url=_url("/", kept) if cursor else None,
+        next_url=None if following is None else _url(LIST, [*kept, ("cursor", following)]),
+        first_url=_url(LIST, kept) if cursor else None,
         exports={f: _url("/export", [*filter_pairs, ("format", f)]) for f in EXPORT_TYPES},
         filtered=bool(filter_pairs),
     )
@@ -244,7 +245,7 @@ async def logout(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/", list_view)
+    app.router.add_get(LIST, list_view)
     app.router.add_get("/exchanges/{id}", exchange_view)
     app.router.add_get("/exchanges/{id}/diff", diff_view)
     app.router.add_get("/exchanges/{id}/text/{side}/{at}", text_view)

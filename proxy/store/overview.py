@@ -299,3 +299,17 @@ def shape(
         "totals": {key: summed[key] for key in keys},
         "top": top,
     }
+
+
+async def choices(engine: AsyncEngine, dim: str, most: int = 500) -> list[tuple[str, str | None]]:
+    """The values a facet has taken (and a key's hint), for the console's select boxes."""
+    f = t.facets
+    query = (
+        sa.select(f.c.value, sa.func.max(f.c.hint))
+        .where(f.c.dim == dim, f.c.span == "day")
+        .group_by(f.c.value)
+        .order_by(f.c.value)
+        .limit(most)
+    )
+    async with engine.connect() as conn:
+        return [(row[0], row[1]) for row in await conn.execute(query)]
