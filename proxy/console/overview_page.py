@@ -38,21 +38,15 @@ def _charts(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
     errors = [float(p[2]) for p in points]
     spend = [p[3] for p in points]
     requests_series = [("ok", "c0", ok), ("errors", "bad", errors)]
+    latency = [
+        ("p50", "c0", [p[4] for p in points]),
+        ("p95", "c3", [p[5] for p in points]),
+        ("TTFT p50", "c2", [p[6] for p in points]),
+    ]
     return {
         "requests": axes.chart(starts, bucket, requests_series, axes.count),
         "spend": axes.chart(starts, bucket, [("spend", "c1", spend)], _usd_tick),
-        "latency": axes.chart(
-            starts,
-            bucket,
-            [
-                ("p50", "c0", [p[4] for p in points]),
-                ("p95", "c3", [p[5] for p in points]),
-                ("TTFT p50", "c2", [p[6] for p in points]),
-            ],  # fmt: skip
-            axes.ms,
-            stacked=False,
-            lines=True,
-        ),
+        "latency": axes.chart(starts, bucket, latency, axes.ms, stacked=False, lines=True),
     }
 
 
@@ -87,12 +81,10 @@ def _tops(found: dict[str, Any], shared: list[tuple[str, str]]) -> list[dict[str
         shown = []
         for row in rows:
             value = row["group"]
-            label = row.get("key_hint") or value if dim == "key" else value
-            name = dim if dim != "key" else "key"
-            shown.append(
-                {**row, "label": label, "share": round(100 * (row["cost_usd"] or 0) / most),
-                 "href": _link("/exchanges", [*kept, (name, value if dim != "key" else value[:16])])}
-            )  # fmt: skip
+            label = (row.get("key_hint") or value) if dim == "key" else value
+            href = _link("/exchanges", [*kept, (dim, value[:16] if dim == "key" else value)])
+            share = round(100 * (row["cost_usd"] or 0) / most)
+            shown.append({**row, "label": label, "share": share, "href": href})
         out.append({"title": title, "dim": dim, "rows": shown})
     return out
 
