@@ -35,19 +35,27 @@ def upgrade() -> None:
     op.create_table(
         "facets",
         sa.Column("dim", sa.String(), nullable=False),
-        sa.Column("value", sa.String(), nullable=False),
         sa.Column("span", sa.String(4), nullable=False),
         sa.Column("start", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("value", sa.String(), nullable=False),
         sa.Column("hint", sa.String()),
         *(sa.Column(name, sa.BigInteger(), nullable=False) for name in t.FACET_SUMS),
-        sa.PrimaryKeyConstraint("dim", "value", "span", "start", name="pk_facets"),
+        sa.PrimaryKeyConstraint("dim", "span", "start", "value", name="pk_facets"),
+        sqlite_with_rowid=False,
     )
-    op.create_index("ix_facets_dim_span_start", "facets", ["dim", "span", "start"])
+    op.create_index("ix_facets_dim_value_span_start", "facets", ["dim", "value", "span", "start"])
+    op.create_index(
+        "ix_facets_top",
+        "facets",
+        ["dim", "span", "start"],
+        postgresql_include=list(t.FACET_TOP),
+    )
     _backfill(op.get_bind())
 
 
 def downgrade() -> None:
-    op.drop_index("ix_facets_dim_span_start", table_name="facets")
+    op.drop_index("ix_facets_top", table_name="facets")
+    op.drop_index("ix_facets_dim_value_span_start", table_name="facets")
     op.drop_table("facets")
 
 

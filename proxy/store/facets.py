@@ -35,7 +35,7 @@ SPANS = ("hour", "day")
 FREE_ENDPOINT = "/moderations"
 """Names a model, succeeds and costs nothing: never unpriced (as `report.FREE_ENDPOINT`)."""
 TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
-KEY = ("dim", "value", "span", "start")
+KEY = ("dim", "span", "start", "value")
 """The primary key of `facets`, the order rows are upserted in."""
 _DURATION = SUMS.index("d0")
 _TTFT = SUMS.index("t0")
@@ -117,7 +117,7 @@ def dimensions(
     return found
 
 
-FacetKey = tuple[str, str, str, datetime]
+FacetKey = tuple[str, str, datetime, str]
 
 
 def add(
@@ -133,11 +133,11 @@ def add(
     for span in spans:
         start = span_start(at, span)
         for dim, value, hint in dimensions(exchange, tags):
-            key = (dim, value, span, start)
+            key = (dim, span, start, value)
             row = into.get(key)
             if row is None:
                 into[key] = {
-                    "dim": dim, "value": value, "span": span, "start": start, "hint": hint,
+                    "dim": dim, "span": span, "start": start, "value": value, "hint": hint,
                     **dict(zip(SUMS, sums, strict=True)),
                 }  # fmt: skip
                 continue
@@ -188,7 +188,7 @@ def records(found: list[Facet], time: Any = None) -> list[tuple[Any, ...]]:
     for row in found:
         values = [row[name] for name in names]
         if time is not None:
-            values[3] = time(values[3])
+            values[2] = time(values[2])
         out.append(tuple(values))
     return out
 

@@ -117,22 +117,17 @@ async def _sums_of_table(
 
 async def _raw(
     conn: AsyncConnection, filters: ListFilters, lo: datetime, hi: datetime
-) -> dict[facets.FacetKey, facets.Facet]:
+) -> list[facets.Facet]:
     """The exchanges in [lo, hi) that match `filters`, summed per hour and facet."""
     base = dataclasses.replace(filters.base, since=lo, until=hi)
     where = dataclasses.replace(filters, base=base).where()
-    query = facets.exchanges_query().where(*where).limit(5000)
-    ex = t.exchanges
+    query = facets.exchanges_query().order_by(None).where(*where)
     into: dict[facets.FacetKey, facets.Facet] = {}
-    last = None
-    while True:
-        page = query if last is None else query.where(ex.c.id > last)
-        found = (await conn.execute(page)).all()
-        if not found:
-            return into
-        last = found[-1].id
+    streamed = await conn.stream(query)
+    async for found in streamed.partitions(5000):
         tags = (await conn.execute(facets.tags_query([row.id for row in found]))).all()
         facets.add_rows(into, found, tags, spans=("hour",))
+    return list(into.values())
 
 
 def _utc(at: datetime) -> datetime:
@@ -147,20 +142,21 @@ async def _earliest(conn: AsyncConnection) -> datetime | None:
 
 
 async def _series(
-    conn: AsyncConnection, filters: ListFilters, chosen: tuple[str, Any] | None, cut: list[Segment]
+    conn: AsyncConnection,
+    chosen: tuple[str, Any] | None,
+    cut: list[Segment],
+    raw: dict[Segment, list[facets.Facet]],
 ) -> list[tuple[datetime, list[int]]]:
     """(start, sums) of hours or days, in any order, covering the segments."""
     out: list[tuple[datetime, list[int]]] = []
     for seg in cut:
-        kind, lo, hi = seg
-        if kind == "raw" or chosen is None:
-            found = await _raw(conn, filters, lo, hi)
-            for row in found.values():
+        if seg in raw:
+            for row in raw[seg]:
                 if row["dim"] == "all":
                     sums = _zero()
                     _plus(sums, row)
                     out.append((row["start"], sums))
-        else:
+        elif chosen is not None:
             out += await _sums_of_table(conn, seg, chosen[0], chosen[1])
     return out
 
@@ -168,13 +164,12 @@ async def _series(
 async def _top_of_table(conn: AsyncConnection, seg: Segment) -> list[Any]:
     f = t.facets
     span, lo, hi = seg
-    names = ("requests", "errors", "cost_nano", "priced", "unpriced")
     query = (
         sa.select(
             f.c.dim,
             f.c.value,
             sa.func.max(f.c.hint).label("hint"),
-            *(sa.func.sum(f.c[name]).label(name) for name in names),
+            *(sa.func.sum(f.c[name]).label(name) for name in t.FACET_TOP[2:]),
         )
         .where(f.c.dim.in_(TOP), f.c.span == span, f.c.start >= lo, f.c.start < hi)
         .group_by(f.c.dim, f.c.value)
@@ -183,19 +178,12 @@ async def _top_of_table(conn: AsyncConnection, seg: Segment) -> list[Any]:
 
 
 async def _top(
-    conn: AsyncConnection, filters: ListFilters, unfiltered: bool, cut: list[Segment]
+    conn: AsyncConnection, cut: list[Segment], raw: dict[Segment, list[facets.Facet]]
 ) -> dict[str, list[dict[str, Any]]]:
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    if unfiltered:
-        rows: list[Any] = []
-        for seg in cut:
-            if seg[0] == "raw":
-                rows += (await _raw(conn, filters, seg[1], seg[2])).values()
-            else:
-                rows += await _top_of_table(conn, seg)
-    else:
-        lo, hi = cut[0][1], cut[-1][2]
-        rows = list((await _raw(conn, filters, lo, hi)).values())
+    rows: list[Any] = []
+    for seg in cut:
+        rows += raw[seg] if seg in raw else await _top_of_table(conn, seg)
     for row in rows:
         if row["dim"] not in TOP:
             continue
@@ -268,8 +256,18 @@ async def overview(
         bucket = "hour" if until - since <= HOUR_BUCKETS_UP_TO else "day"
         cut = segments(since, until, bucket) if since < until else []
         chosen = facet_filter(filters)
-        found = await _series(conn, filters, chosen, cut)
-        top = await _top(conn, filters, chosen == ("all", None), cut) if cut else _ranked({})
+        ragged = [seg for seg in cut if seg[0] == "raw" and chosen is not None]
+        edges = {seg: await _raw(conn, filters, seg[1], seg[2]) for seg in ragged}
+        if chosen == ("all", None):
+            found = await _series(conn, chosen, cut, edges)
+            top = await _top(conn, cut, edges)
+        else:
+            # The sums hold no cross-facet rows: a filter's top lists, and any filter they
+            # cannot answer, are summed from the matching exchanges over the whole range.
+            whole: Segment = ("raw", since, until)
+            every = {whole: await _raw(conn, filters, since, until)} if cut else {}
+            top = await _top(conn, list(every), every)
+            found = await _series(conn, chosen, *((cut, edges) if chosen else (list(every), every)))
     return shape(found, since, until, bucket, top)
 
 

@@ -277,16 +277,38 @@ FACET_SUMS = (
     *TTFT_COLUMNS,
 )
 
+FACET_TOP = ("value", "hint", "requests", "errors", "cost_nano", "priced", "unpriced")
+"""What the top lists read of a facet row."""
+
 facets = sa.Table(
     "facets",
     metadata,
     sa.Column("dim", sa.String(), primary_key=True),
-    sa.Column("value", sa.String(), primary_key=True),
     sa.Column("span", sa.String(4), primary_key=True),
     sa.Column("start", Time, primary_key=True),
+    sa.Column("value", sa.String(), primary_key=True),
     sa.Column("hint", sa.String()),
     *(sa.Column(name, sa.BigInteger(), nullable=False) for name in FACET_SUMS),
-    sa.Index(None, "dim", "span", "start"),
+    # A filter reads one value's rows; the top lists read every value of a range, and on
+    # PostgreSQL find what they sum in this index alone.
+    sa.Index(None, "dim", "value", "span", "start"),
+    sa.Index(
+        "ix_facets_top",
+        "dim",
+        "span",
+        "start",
+        postgresql_include=[
+            "value",
+            "hint",
+            "requests",
+            "errors",
+            "cost_nano",
+            "priced",
+            "unpriced",
+        ],
+    ),
+    # SQLite keeps the rows in key order: a range of one facet is read in one pass.
+    sqlite_with_rowid=False,
 )
 """The writer's running sums for the overview (migration 0008): per UTC hour and per UTC day
 (`span`), per facet (`dim`: `all`, `upstream`, `model` (answering, else requested),
