@@ -151,6 +151,12 @@ async def fill(url: str, rows: int) -> None:
                 else:
                     records = [(*r[:2], sqlite_time(r[2]), *r[3:]) for r in records]
                     await raw.driver_connection.executemany(facets.upsert_sql("sqlite"), records)
+        if engine.dialect.name == "postgresql":
+            # What autovacuum does to a table written to all day: the top lists' index-only
+            # scans need its visibility map.
+            async with engine.connect() as conn:
+                autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await autocommit.exec_driver_sql("VACUUM ANALYZE facets")
         writer = writer_for(engine)
         exchanges = edge_exchanges(rows)
         for start in range(0, len(exchanges), 500):

@@ -106,12 +106,13 @@ def dimensions(
         ("all", "", None),
         ("upstream", exchange["upstream"] or "", None),
     ]
-    if answered or model:
-        found.append(("model", answered or model, None))
+    # The groups of `cost --by model`, `key` and `user`: SQL's coalesce and NULL, not truth.
+    if answered is not None or model is not None:
+        found.append(("model", answered if answered is not None else model, None))
     found += [("model_any", name, None) for name in dict.fromkeys((model, answered)) if name]
-    if exchange["key_hash"]:
+    if exchange["key_hash"] is not None:
         found.append(("key", exchange["key_hash"], exchange["key_hint"]))
-    if exchange["end_user"]:
+    if exchange["end_user"] is not None:
         found.append(("user", exchange["end_user"], None))
     found += [("tag", f"{key}={value}", None) for key, value in tags]
     return found
@@ -129,6 +130,7 @@ def add(
 ) -> None:
     """Add one exchange (an `exchanges` row, its `usage` row or None, its tags) to `into`."""
     sums = vector(exchange, usage)
+    given = [(name, amount) for name, amount in zip(SUMS, sums, strict=True) if amount]
     at = exchange["started_at"]
     for span in spans:
         start = span_start(at, span)
@@ -141,9 +143,8 @@ def add(
                     **dict(zip(SUMS, sums, strict=True)),
                 }  # fmt: skip
                 continue
-            for name, amount in zip(SUMS, sums, strict=True):
-                if amount:
-                    row[name] += amount
+            for name, amount in given:
+                row[name] += amount
             if row["hint"] is None:
                 row["hint"] = hint
 

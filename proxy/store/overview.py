@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.store import facets
+from proxy.store import facet_sql, facets
 from proxy.store import tables as t
 from proxy.store.browse import ListFilters
 
@@ -118,16 +118,10 @@ async def _sums_of_table(
 async def _raw(
     conn: AsyncConnection, filters: ListFilters, lo: datetime, hi: datetime
 ) -> list[facets.Facet]:
-    """The exchanges in [lo, hi) that match `filters`, summed per hour and facet."""
+    """The exchanges in [lo, hi) that match `filters`, summed by the database per hour (`all`)
+    and per group of the top dimensions."""
     base = dataclasses.replace(filters.base, since=lo, until=hi)
-    where = dataclasses.replace(filters, base=base).where()
-    query = facets.exchanges_query().order_by(None).where(*where)
-    into: dict[facets.FacetKey, facets.Facet] = {}
-    streamed = await conn.stream(query)
-    async for found in streamed.partitions(5000):
-        tags = (await conn.execute(facets.tags_query([row.id for row in found]))).all()
-        facets.add_rows(into, found, tags, spans=("hour",))
-    return list(into.values())
+    return await facet_sql.summed(conn, dataclasses.replace(filters, base=base).where(), TOP)
 
 
 def _utc(at: datetime) -> datetime:

@@ -117,7 +117,12 @@ async def test_recorded_content_never_runs(page: Any, site: tuple[str, Seeded, s
     page.on("dialog", on_dialog)
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    for path in ("/", f"/exchanges/{s.hostile.id}", f"/exchanges?user={HOSTILE[:20]}", "/fingerprints"):
+    for path in (
+        "/",
+        f"/exchanges/{s.hostile.id}",
+        f"/exchanges?user={HOSTILE[:20]}",
+        "/fingerprints",
+    ):
         await page.goto(root + path)
         await page.wait_for_load_state("load")
         assert await page.evaluate("typeof window.pwned") == "undefined"

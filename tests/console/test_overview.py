@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -14,9 +14,11 @@ import pytest
 
 from proxy.exchange import Exchange
 from proxy.store import create_engine
+from proxy.store.browse import ListFilters
 from proxy.store.facets import percentile
+from proxy.store.filters import Filters
 from proxy.store.migrate import upgrade
-from proxy.store.overview import segments
+from proxy.store.overview import overview, segments
 from proxy.store.rows import rows_for
 from proxy.store.writer import writer_for
 from tests import dbs
@@ -165,3 +167,22 @@ def test_percentiles_from_histogram_buckets() -> None:
     counts[4] = 10  # 71-100 ms
     assert percentile(counts, 0.5) == pytest.approx((71 * 100) ** 0.5)
     assert percentile([0] * 28, 0.5) is None
+
+
+async def test_sums_and_exchanges_give_the_same_overview(db_url: str) -> None:
+    """Every exchange has fingerprint fp_test: adding that filter sends the same selection
+    through the database's own sums of the exchanges instead of the writer's rows."""
+    now = time.time()
+    await upgrade(db_url)
+    await write(db_url, traffic(now))
+    engine = create_engine(db_url)
+    until = datetime.fromtimestamp(now, UTC)
+    try:
+        for since in (until - timedelta(hours=50, seconds=1234), until - timedelta(days=6)):
+            for base in (Filters(since, until), Filters(since, until, model="gpt-4o")):
+                from_sums = await overview(engine, ListFilters(base))
+                from_rows = await overview(engine, ListFilters(base, fingerprint="fp_test"))
+                assert from_sums == from_rows
+                assert from_sums["totals"]["p50_ms"] is not None
+    finally:
+        await engine.dispose()
