@@ -1,4 +1,6 @@
-"""The overview's running sums: `facets`, per UTC hour and day, facet and value.
+"""The overview's running sums (`facets`, per UTC hour and day, facet and value), and the keys
+that link a chat's or a Responses chain's turns into a session (`exchanges.turn_key`,
+`parent_key`).
 
 Revision ID: 0008
 Revises: 0009
@@ -50,10 +52,24 @@ def upgrade() -> None:
         ["dim", "span", "start"],
         postgresql_include=list(t.FACET_TOP),
     )
+    op.add_column("exchanges", sa.Column("turn_key", sa.String()))
+    op.add_column("exchanges", sa.Column("parent_key", sa.String()))
+    where = sa.text("turn_key IS NOT NULL")
+    op.create_index(
+        "ix_exchanges_turn_key",
+        "exchanges",
+        ["turn_key"],
+        sqlite_where=where,
+        postgresql_where=where,
+    )
     _backfill(op.get_bind())
 
 
 def downgrade() -> None:
+    op.drop_index("ix_exchanges_turn_key", table_name="exchanges")
+    with op.batch_alter_table("exchanges") as batch:
+        batch.drop_column("parent_key")
+        batch.drop_column("turn_key")
     op.drop_index("ix_facets_top", table_name="facets")
     op.drop_index("ix_facets_dim_value_span_start", table_name="facets")
     op.drop_table("facets")

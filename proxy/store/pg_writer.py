@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.store import facets
+from proxy.store import facets, threads
 from proxy.store import tables as t
 from proxy.store.rows import (
     Rows,
@@ -38,6 +38,11 @@ ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
     last_seen = greatest(fingerprints.last_seen, excluded.last_seen)"""
 """Its columns are `tables.fingerprints`' in declared order, as `records` gives them."""
 FACETS = facets.upsert_sql("postgresql")
+TURNS = (
+    "SELECT turn_key, id, session FROM exchanges WHERE turn_key = ANY($1::varchar[]) "
+    "ORDER BY started_at"
+)
+"""The stored exchanges a batch's chat turns continue (`threads.link`), newest last."""
 
 
 class PgWriter:
@@ -64,6 +69,9 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     # transaction that the raw COPYs and the upsert after it then run in.
     found = await conn.exec_driver_sql(STORED_IDS, (list(by_id),))
     fresh = not_stored(by_id, found.scalars())
+    wanted = threads.wanted(fresh)
+    turns = (await conn.exec_driver_sql(TURNS, (wanted,))).all() if wanted else []
+    threads.link(fresh, {key: (exchange_id, session) for key, exchange_id, session in turns})
     driver = await _driver(conn)
     with _refused_as_value_error():
         for table, rows in table_records(fresh):

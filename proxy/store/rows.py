@@ -29,6 +29,7 @@ from proxy.store.bodies import stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
 from proxy.store.logprob_rows import Record, logprob_records
+from proxy.store.threads import keys
 
 Row = dict[str, Any]
 """One row: column name to value; JSON columns as text, times as aware datetimes."""
@@ -179,6 +180,7 @@ def _exchange_row(
         "price_entry": entry,
         "redacted": _json(ex.redacted),
         "session": _text(ex.session),
+        **dict(zip(("turn_key", "parent_key"), keys(ex.request_json, response), strict=True)),
     }
 
 

@@ -95,6 +95,9 @@ exchanges = sa.Table(
     sa.Column("redacted", Json),
     # The session the exchange belongs to (migration 0006).
     sa.Column("session", sa.String()),
+    # What a next turn names and what this one names (`threads.py`, migration 0008).
+    sa.Column("turn_key", sa.String()),
+    sa.Column("parent_key", sa.String()),
     sa.Index(None, "started_at"),
     sa.Index(None, "model", "started_at"),
     sa.Index(None, "key_hash", "started_at"),
@@ -105,6 +108,8 @@ exchanges = sa.Table(
     # Partial: only failures, what the console's error filters look for (migration 0003).
     sa.Index(None, "outcome", "started_at", **_where("outcome <> 'ok'")),
     sa.Index(None, "status", "started_at", **_where("status >= 400")),
+    sa.Index(None, "session", "started_at", **_where_set("session")),
+    sa.Index(None, "turn_key", **_where_set("turn_key")),
 )
 
 tags = sa.Table(

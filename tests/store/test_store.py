@@ -137,7 +137,10 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
         "price_entry": stored["price_entry"],
         "redacted": {"rules": ["email"], "dropped": ["logprobs"]},
         "session": "sess-42",
+        "turn_key": stored["turn_key"],
+        "parent_key": None,  # a first turn: no assistant message in the request
     }
+    assert stored["turn_key"].startswith("chat:")
     assert stored["price_entry"].startswith("gpt-4o-mini (table:")
     assert completion == {
         "exchange_id": ex.id,
