@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.config import Config, ConfigError
-from proxy.console import alerts, api, auth, axes, database, overview_page, pages
+from proxy.console import alerts, api, auth, axes, database, overview_page, pages, session_page
 from proxy.console.auth import check_bind
 from proxy.console.state import CONSOLE, Console, state
 from proxy.sinks.metrics import MetricsSink, registry
@@ -70,6 +70,7 @@ def build_console(
     )
     app.cleanup_ctx.append(database.open_database)
     app.on_response_prepare.append(auth.add_security_headers)
+    session_page.add_routes(app)  # before the API's catch-all for unknown routes
     api.add_routes(app)
     pages.add_routes(app)
     alerts.add_routes(app)

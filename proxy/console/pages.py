@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy.console import api, auth, charts, params, views
 from proxy.console.state import state
 from proxy.privacy.keep import redactor_for
-from proxy.store import browse, detail, report, series
+from proxy.store import browse, detail, report, series, sessions
 from proxy.store.engine import StoreError
 from proxy.store.filters import Filters
 from proxy.store.read import get_exchange
@@ -115,6 +115,7 @@ async def exchange_view(request: web.Request) -> web.Response:
         logprobs=views.logprob_view(probs["choices"]),
         timeline=views.timeline(await detail.timeline(engine, shown["id"])),
         tokens=views.tokens(shown["usage"]),
+        session=await sessions.session_of(engine, shown),
     )
 
 

@@ -23,7 +23,8 @@ Query = MultiMapping[str]
 
 COST_PARAMS = frozenset({"since", "until", "model", "key", "tag"})
 LIST_PARAMS = COST_PARAMS | {
-    "outcome", "status", "user", "upstream", "fingerprint", "replay_of", "q", "limit", "cursor",
+    "outcome", "status", "user", "upstream", "fingerprint", "replay_of", "session", "q", "limit",
+    "cursor",
 }  # fmt: skip
 OVERVIEW_PARAMS = LIST_PARAMS - {"limit", "cursor"}
 
@@ -100,6 +101,7 @@ def list_filters(query: Query) -> ListFilters:
         upstream=_one(query, "upstream", str),
         fingerprint=_one(query, "fingerprint", str),
         replay_of=_one(query, "replay_of", str),
+        session=_one(query, "session", str),
         q=_one(query, "q", str),
     )
 

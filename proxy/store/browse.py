@@ -41,6 +41,9 @@ class ListFilters:
     """The response's `system_fingerprint`, exactly."""
     replay_of: str | None = None
     """Only replays of this exchange."""
+    session: str | None = None
+    """The exchanges of one session: its `session` id, or the first exchange of a chain the
+    writer linked, whose id the chain took (`threads.py`)."""
     q: str | None = None
     """Text searched (case-insensitively for ASCII) in stored requests and answers
     (`_text_search`)."""
@@ -64,6 +67,8 @@ class ListFilters:
             found.append(ex.c.outcome != sa.literal_column("'ok'"))
         if self.status is not None and self.status >= 400:
             found.append(ex.c.status >= sa.literal_column("400"))
+        if self.session is not None:
+            found.append(sa.or_(ex.c.session == self.session, ex.c.id == self.session))
         if self.q:
             found.append(_text_search(self.q))
         return found
@@ -130,6 +135,7 @@ def _summary_query(filters: ListFilters) -> sa.Select[Any]:
             ex.c.key_hint,
             ex.c.system_fingerprint,
             ex.c.replay_of,
+            ex.c.session,
         )
         .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
         .where(*filters.where())

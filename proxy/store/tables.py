@@ -108,7 +108,6 @@ exchanges = sa.Table(
     # Partial: only failures, what the console's error filters look for (migration 0003).
     sa.Index(None, "outcome", "started_at", **_where("outcome <> 'ok'")),
     sa.Index(None, "status", "started_at", **_where("status >= 400")),
-    sa.Index(None, "session", "started_at", **_where_set("session")),
     sa.Index(None, "turn_key", **_where_set("turn_key")),
 )
 
