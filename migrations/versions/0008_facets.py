@@ -46,12 +46,7 @@ def upgrade() -> None:
         sqlite_with_rowid=False,
     )
     op.create_index("ix_facets_dim_value_span_start", "facets", ["dim", "value", "span", "start"])
-    op.create_index(
-        "ix_facets_top",
-        "facets",
-        ["dim", "span", "start"],
-        postgresql_include=list(t.FACET_TOP),
-    )
+    op.create_index("ix_facets_top", "facets", ["dim", "span", "start", *t.FACET_TOP])
     op.add_column("exchanges", sa.Column("turn_key", sa.String()))
     op.add_column("exchanges", sa.Column("parent_key", sa.String()))
     where = sa.text("turn_key IS NOT NULL")

@@ -12,6 +12,7 @@ for the top dimensions, so the overview reads both kinds alike.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,6 +23,14 @@ from proxy.store.cost import cost_nano, is_unpriced
 from proxy.store.rollups import bucket_start
 
 Facet = dict[str, Any]
+TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+
+
+@cache
+def _histograms() -> tuple[sa.Label[Any], ...]:
+    """Both histograms' sums, built once: the expressions are immutable and reusable."""
+    ex = t.exchanges
+    return (*_histogram(ex.c.duration_ms, "d"), *_histogram(ex.c.ttft_ms, "t"))
 
 
 def _histogram(column: Any, prefix: str) -> list[sa.Label[Any]]:
@@ -58,18 +67,39 @@ def hours_query(where: list[sa.ColumnElement[bool]], dialect: str) -> sa.Select[
     """The `all` facet of each hour, with every sum and both histograms."""
     ex, usage = t.exchanges, t.usage
     when = bucket_start(ex.c.started_at, "hour", dialect)
-    tokens = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
     return (
         sa.select(
             when.label("start"),
             *_counts(),
-            *(sa.func.sum(usage.c[name]).label(name) for name in tokens),
-            *_histogram(ex.c.duration_ms, "d"),
-            *_histogram(ex.c.ttft_ms, "t"),
+            *(sa.func.sum(usage.c[name]).label(name) for name in TOKENS),
+            *_histograms(),
         )
         .select_from(_source())
         .where(*where)
         .group_by(when)
+    )
+
+
+def edge_query(where: list[sa.ColumnElement[bool]], dialect: str) -> sa.Select[Any]:
+    """Every sum per hour, model, key and user at once: for a short span (an hour at most),
+    where one pass over its exchanges beats one per top dimension."""
+    ex, usage = t.exchanges, t.usage
+    when = bucket_start(ex.c.started_at, "hour", dialect)
+    model = sa.func.coalesce(ex.c.response_model, ex.c.model)
+    return (
+        sa.select(
+            when.label("start"),
+            model.label("model"),
+            ex.c.key_hash.label("key"),
+            sa.func.max(ex.c.key_hint).label("hint"),
+            ex.c.end_user.label("user"),
+            *_counts(),
+            *(sa.func.sum(usage.c[name]).label(name) for name in TOKENS),
+            *_histograms(),
+        )
+        .select_from(_source())
+        .where(*where)
+        .group_by(when, model, ex.c.key_hash, ex.c.end_user)
     )
 
 
@@ -105,13 +135,18 @@ def _start(value: Any) -> datetime:
 
 
 async def summed(
-    conn: AsyncConnection, where: list[sa.ColumnElement[bool]], dims: tuple[str, ...]
+    conn: AsyncConnection,
+    where: list[sa.ColumnElement[bool]],
+    dims: tuple[str, ...],
+    *,
+    hours: bool = True,
 ) -> list[Facet]:
-    """Facet rows of the exchanges matching `where`: `all` per hour, and each of `dims`
-    summed over them all (their `start` is None)."""
+    """Facet rows of the exchanges matching `where`: `all` per hour (unless not `hours`), and
+    each of `dims` summed over them all (their `start` is None)."""
     dialect = conn.dialect.name
     out: list[Facet] = []
-    for row in (await conn.execute(hours_query(where, dialect))).mappings():
+    found = (await conn.execute(hours_query(where, dialect))).mappings() if hours else []
+    for row in found:
         found = {name: int(value or 0) for name, value in row.items() if name != "start"}
         start = _start(row["start"])
         out.append({"dim": "all", "span": "hour", "start": start, "value": "", "hint": None,
@@ -122,3 +157,29 @@ async def summed(
             out.append({"dim": dim, "span": "hour", "start": None, "value": row["value"],
                         "hint": row["hint"], **sums})  # fmt: skip
     return out
+
+
+async def summed_short(
+    conn: AsyncConnection, where: list[sa.ColumnElement[bool]], dims: tuple[str, ...]
+) -> list[Facet]:
+    """`summed` for a span of an hour or less: one pass for `all`, models, keys and users,
+    one for tags."""
+    alls: dict[datetime, Facet] = {}
+    tops: dict[tuple[str, Any], Facet] = {}
+    for row in (await conn.execute(edge_query(where, conn.dialect.name))).mappings():
+        start = _start(row["start"])
+        into = alls.setdefault(start, {"dim": "all", "span": "hour", "start": start, "value": "",
+                                       "hint": None, **dict.fromkeys(t.FACET_SUMS, 0)})  # fmt: skip
+        for name in t.FACET_SUMS:
+            into[name] += int(row[name] or 0)
+        for dim in ("model", "key", "user"):
+            if dim not in dims or row[dim] is None:
+                continue
+            top = tops.setdefault((dim, row[dim]), {"dim": dim, "span": "hour", "start": None,
+                                  "value": row[dim], "hint": None,
+                                  **dict.fromkeys(t.FACET_TOP[2:], 0)})  # fmt: skip
+            for name in t.FACET_TOP[2:]:
+                top[name] += int(row[name] or 0)
+            top["hint"] = top["hint"] or (row["hint"] if dim == "key" else None)
+    tags = [] if "tag" not in dims else await summed(conn, where, ("tag",), hours=False)
+    return [*alls.values(), *tops.values(), *tags]

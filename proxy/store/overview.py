@@ -121,7 +121,10 @@ async def _raw(
     """The exchanges in [lo, hi) that match `filters`, summed by the database per hour (`all`)
     and per group of the top dimensions."""
     base = dataclasses.replace(filters.base, since=lo, until=hi)
-    return await facet_sql.summed(conn, dataclasses.replace(filters, base=base).where(), TOP)
+    where = dataclasses.replace(filters, base=base).where()
+    if hi - lo <= timedelta(hours=1):
+        return await facet_sql.summed_short(conn, where, TOP)
+    return await facet_sql.summed(conn, where, TOP)
 
 
 def _utc(at: datetime) -> datetime:
