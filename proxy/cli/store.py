@@ -160,11 +160,13 @@ def cost(
     from proxy.pricing import PriceTable
     from proxy.store import read, report
     from proxy.store.filters import Filters
+    from proxy.keynames import KeyNames
 
     cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices"))
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
-    filters = Filters(since, until, model, key, tuple(tags))
+    names = KeyNames(cfg.keys)
+    filters = Filters(since, until, model, names.resolve(key) if key else key, tuple(tags))
 
     async def run() -> tuple[report.Repriced | None, list[dict[str, Any]]]:
         async with read.reading(cfg.db_url) as engine:
@@ -174,6 +176,11 @@ def cost(
             return repriced, await report.cost_report(engine, by, filters)
 
     repriced, rows = asyncio.run(run())
+    if by == "key" and names.table:
+        for row in rows:
+            row["key_name"] = names.name(row["group"], row["key_hint"])
+            if fmt == "table" and row["key_name"]:
+                row["key_hint"] = f"{row['key_name']} ({row['key_hint']})"
     if repriced is not None:
         click.echo(f"repriced {repriced.seen} exchanges: {repriced.changed} changed", err=True)
     if fmt == "json":

@@ -59,11 +59,17 @@ async def list_page(request: web.Request) -> tuple[list[dict[str, Any]], str | N
     the cursor of the next page, and the cursor this page started at."""
     query = request.query
     params.check_known(query, params.LIST_PARAMS)
-    filters = params.list_filters(query)
+    filters = params.list_filters(query, state(request).names)
     limit, cursor = params.page(query)
-    items, following = await browse.list_page(
-        state(request).db(), filters, limit=limit, cursor=cursor
-    )
+    try:
+        items, following = await browse.list_page(
+            state(request).db(), filters, limit=limit, cursor=cursor, sort=params.sort(query)
+        )
+    except ValueError as exc:  # a cursor of another order
+        raise params.BadParam("cursor", str(exc)) from None
+    names = state(request).names
+    for item in items:
+        item["key_name"] = names.name(item["key_hash"], item["key_hint"])
     return items, following, cursor
 
 
@@ -87,7 +93,7 @@ async def cost(request: web.Request) -> web.Response:
     query = request.query
     params.check_known(query, params.COST_PARAMS | {"by"})
     rows = await report.cost_report(
-        state(request).db(), params.by(query), params.cost_filters(query)
+        state(request).db(), params.by(query), params.cost_filters(query, state(request).names)
     )
     return json_response(report.as_json(rows))
 
@@ -96,7 +102,10 @@ async def cost_series(request: web.Request) -> web.Response:
     query = request.query
     params.check_known(query, params.COST_PARAMS | {"by", "bucket"})
     found = await series.cost_series(
-        state(request).db(), params.by(query), params.bucket(query), params.cost_filters(query)
+        state(request).db(),
+        params.by(query),
+        params.bucket(query),
+        params.cost_filters(query, state(request).names),
     )
     return json_response(found)
 
@@ -105,7 +114,9 @@ async def overview_api(request: web.Request) -> web.Response:
     """SPEC 8's `/api/overview`, for the filters of the list."""
     query = request.query
     params.check_known(query, params.OVERVIEW_PARAMS)
-    found = await overview.overview(state(request).db(), params.list_filters(query))
+    found = await overview.overview(
+        state(request).db(), params.list_filters(query, state(request).names)
+    )
     return json_response(found)
 
 

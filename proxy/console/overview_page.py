@@ -19,6 +19,7 @@ from proxy.console import axes, params
 from proxy.console.pages import render
 from proxy.console.state import state
 from proxy.store import overview
+from proxy.keynames import KeyNames
 
 DEFAULT_SINCE = "7d"
 FORM = ("since", "until", "model", "key", "user", "upstream", "tag")
@@ -70,7 +71,9 @@ def _cards(totals: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]  # fmt: skip
 
 
-def _tops(found: dict[str, Any], shared: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _tops(
+    found: dict[str, Any], shared: list[tuple[str, str]], names: KeyNames
+) -> list[dict[str, Any]]:
     """The top lists, each row with its share of the spend and a link to its exchanges."""
     kept = [(k, v) for k, v in shared if k not in ("model", "key", "user", "tag")]
     titles = {"model": "Models", "key": "Keys", "user": "Users", "tag": "Tags"}
@@ -81,7 +84,11 @@ def _tops(found: dict[str, Any], shared: list[tuple[str, str]]) -> list[dict[str
         shown = []
         for row in rows:
             value = row["group"]
-            label = (row.get("key_hint") or value) if dim == "key" else value
+            label = value
+            if dim == "key":
+                hint = row.get("key_hint")
+                name = names.name(value, hint)
+                label = f"{name} ({hint})" if name else (hint or value)
             href = _link("/exchanges", [*kept, (dim, value[:16] if dim == "key" else value)])
             share = round(100 * (row["cost_usd"] or 0) / most)
             shown.append({**row, "label": label, "share": share, "href": href})
@@ -94,7 +101,7 @@ async def overview_view(request: web.Request) -> web.StreamResponse:
     if any(name not in FORM for name in query):
         raise web.HTTPFound(_link("/exchanges", list(query.items())))
     params.check_known(query, frozenset(FORM))
-    filters = params.list_filters(query)
+    filters = params.list_filters(query, state(request).names)
     since_text = query.get("since", "").strip() or DEFAULT_SINCE
     if filters.base.since is None:
         since = datetime.now(UTC) - timedelta(days=7)
@@ -114,7 +121,7 @@ async def overview_view(request: web.Request) -> web.StreamResponse:
         models=[v for v, _ in await overview.choices(engine, "model")],
         cards=_cards(found["totals"]),
         charts=_charts(found),
-        tops=_tops(found, shared),
+        tops=_tops(found, shared, state(request).names),
         ranges=[(r, _link("/", [*kept, ("since", r)]), r == since_text) for r in RANGES],
         list_url=_link("/exchanges", shared),
         filtered=bool([k for k, _ in shared if k != "since"]),

@@ -15,10 +15,10 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from proxy.console import api, auth, charts, params, views
+from proxy.console import api, auth, charts, listing, params, views
 from proxy.console.state import state
 from proxy.privacy.keep import redactor_for
-from proxy.store import browse, detail, report, series, sessions
+from proxy.store import browse, detail, overview, report, series, sessions
 from proxy.store.engine import StoreError
 from proxy.store.filters import Filters
 from proxy.store.read import get_exchange
@@ -74,7 +74,9 @@ async def list_view(request: web.Request) -> web.Response:
     query = request.query
     items, following, cursor = await api.list_page(request)
     kept = params.plain(query, params.LIST_PARAMS - {"cursor"})
-    filter_pairs = [(k, v) for k, v in kept if k != "limit"]
+    filter_pairs = [(k, v) for k, v in kept if k not in ("limit", "sort")]
+    engine = state(request).db()
+    await listing.decorate(engine, items)
     return render(
         request,
         "list.html",
@@ -82,10 +84,15 @@ async def list_view(request: web.Request) -> web.Response:
         form={k: query.get(k, "") for k in params.LIST_PARAMS},
         tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
         outcomes=browse.OUTCOMES,
+        models=[v for v, _ in await overview.choices(engine, "model_any")],
         next_url=None if following is None else _url(LIST, [*kept, ("cursor", following)]),
         first_url=_url(LIST, kept) if cursor else None,
         exports={f: _url("/export", [*filter_pairs, ("format", f)]) for f in EXPORT_TYPES},
         filtered=bool(filter_pairs),
+        summary=await listing.summary(engine, params.list_filters(query, state(request).names)),
+        sorts=listing.sort_links(kept, params.sort(query)),
+        api_url=_url("/api/exchanges", [(k, v) for k, v in kept if k != "sort"]),
+        live=not cursor and params.sort(query) == "newest",
     )
 
 
@@ -116,6 +123,7 @@ async def exchange_view(request: web.Request) -> web.Response:
         timeline=views.timeline(await detail.timeline(engine, shown["id"])),
         tokens=views.tokens(shown["usage"]),
         session=await sessions.session_of(engine, shown),
+        key_name=state(request).names.name(shown["key_hash"], shown["key_hint"]),
     )
 
 
@@ -154,7 +162,7 @@ async def diff_view(request: web.Request) -> web.Response:
 async def cost_view(request: web.Request) -> web.Response:
     query = request.query
     params.check_known(query, params.COST_PARAMS | {"by", "bucket"})
-    filters = params.cost_filters(query)
+    filters = params.cost_filters(query, state(request).names)
     by, bucket = params.by(query), params.bucket(query)
     engine = state(request).db()
     rows = await report.cost_report(engine, by, filters)
@@ -183,11 +191,11 @@ async def fingerprints_view(request: web.Request) -> web.Response:
 async def export_view(request: web.Request) -> web.StreamResponse:
     """The list's current filter as CSV, JSONL or HAR (`flightrec export`'s writers)."""
     query = request.query
-    params.check_known(query, (params.LIST_PARAMS - {"cursor", "limit"}) | {"format"})
+    params.check_known(query, (params.LIST_PARAMS - {"cursor", "limit", "sort"}) | {"format"})
     fmt = query.get("format", "")
     if fmt not in EXPORT_TYPES:
         raise params.BadParam("format", f"expected one of {', '.join(EXPORT_TYPES)}")
-    filters = Filters(also=tuple(params.list_filters(query).where()))
+    filters = Filters(also=tuple(params.list_filters(query, state(request).names).where()))
     response = web.StreamResponse(
         headers={
             "Content-Type": EXPORT_TYPES[fmt],
