@@ -61,15 +61,13 @@ async def list_page(request: web.Request) -> tuple[list[dict[str, Any]], str | N
     params.check_known(query, params.LIST_PARAMS)
     filters = params.list_filters(query, state(request).names)
     limit, cursor = params.page(query)
+    order = params.sort(query)
     try:
         items, following = await browse.list_page(
-            state(request).db(), filters, limit=limit, cursor=cursor, sort=params.sort(query)
+            state(request).db(), filters, limit=limit, cursor=cursor, sort=order
         )
     except ValueError as exc:  # a cursor of another order
         raise params.BadParam("cursor", str(exc)) from None
-    names = state(request).names
-    for item in items:
-        item["key_name"] = names.name(item["key_hash"], item["key_hint"])
     return items, following, cursor
 
 

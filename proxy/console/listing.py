@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.console import axes
 from proxy.store import overview, preview
 from proxy.store.browse import ListFilters
+from proxy.store.keynames import KeyNames
 
 COLUMNS = {"time": "newest", "cost": "cost", "duration": "duration", "ttft": "ttft"}
 """Sortable columns and the order a click asks for (a second click on time: oldest)."""
@@ -67,11 +68,12 @@ async def summary(engine: AsyncEngine, filters: ListFilters) -> list[tuple[str, 
     ]
 
 
-async def decorate(engine: AsyncEngine, items: list[dict[str, Any]]) -> None:
-    """Add `ago`, `endpoint` and the `prompt`/`answer` lines to each item, in place."""
+async def decorate(engine: AsyncEngine, items: list[dict[str, Any]], names: KeyNames) -> None:
+    """Add `ago`, `endpoint`, `key_name` and the `prompt`/`answer` lines to each item."""
     lines = await preview.previews(engine, [item["id"] for item in items])
     now = datetime.now(UTC)
     for item in items:
+        item["key_name"] = names.name(item["key_hash"], item["key_hint"])
         item["ago"] = ago(item["started_at"], now)
         item["endpoint"] = endpoint(item["path"])
         item["prompt"], item["answer"] = lines.get(item["id"], ("", ""))

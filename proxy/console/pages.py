@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from proxy.console import api, auth, charts, listing, params, views
+from proxy.console import api, auth, charts, exchange_parts, listing, params, views
 from proxy.console.state import state
 from proxy.privacy.keep import redactor_for
 from proxy.store import browse, detail, overview, report, series, sessions
@@ -76,7 +76,7 @@ async def list_view(request: web.Request) -> web.Response:
     kept = params.plain(query, params.LIST_PARAMS - {"cursor"})
     filter_pairs = [(k, v) for k, v in kept if k not in ("limit", "sort")]
     engine = state(request).db()
-    await listing.decorate(engine, items)
+    await listing.decorate(engine, items, state(request).names)
     return render(
         request,
         "list.html",
@@ -124,6 +124,11 @@ async def exchange_view(request: web.Request) -> web.Response:
         tokens=views.tokens(shown["usage"]),
         session=await sessions.session_of(engine, shown),
         key_name=state(request).names.name(shown["key_hash"], shown["key_hint"]),
+        parameters=exchange_parts.parameters(shown["request"], shown["response"]),
+        counts=exchange_parts.tokens(shown["usage"]),
+        curl=exchange_parts.curl(shown),
+        raw_request=exchange_parts.raw(shown["request"]),
+        raw_response=exchange_parts.raw(shown["response"]),
     )
 
 

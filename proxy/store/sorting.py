@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -44,19 +45,29 @@ def encode(sort: str, row: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def after(query: sa.Select[Any], sort: str, cursor: str) -> sa.Select[Any]:
-    """The rows after the cursor's in `sort` order; ValueError for a cursor not of it."""
+def decode(cursor: str) -> tuple[str, datetime | float, str]:
+    """(sort, value, id) of a cursor `encode` made; ValueError for anything else."""
     try:
         text = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()).decode()
         named, value, last = text.split("|", 2)
+        if named == "oldest":
+            at = datetime.fromisoformat(value)
+            return named, at.replace(tzinfo=at.tzinfo or UTC), last
+        if named in _BY:
+            return named, float(value), last
     except (ValueError, UnicodeError, binascii.Error):
-        raise ValueError("not a cursor this server gave out") from None
+        pass
+    raise ValueError("not a cursor this server gave out")
+
+
+def after(query: sa.Select[Any], sort: str, cursor: str) -> sa.Select[Any]:
+    """The rows after the cursor's in `sort` order; ValueError for a cursor not of it."""
+    named, value, last = decode(cursor)
     if named != sort:
         raise ValueError(f"a cursor of sort={named}, not sort={sort}")
     ex = t.exchanges
-    if sort == "oldest":
-        return query.where(
-            ex.c.started_at >= value, sa.or_(ex.c.started_at > value, ex.c.id > last)
-        )
-    key, bound = _key(sort), float(value)
-    return query.where(key <= bound, sa.or_(key < bound, ex.c.id < last))
+    if isinstance(value, datetime):
+        newer = sa.or_(ex.c.started_at > value, ex.c.id > last)
+        return query.where(ex.c.started_at >= value, newer)
+    key = _key(sort)
+    return query.where(key <= value, sa.or_(key < value, ex.c.id < last))

@@ -66,7 +66,7 @@ async def test_bad_parameters_and_unknown_ids_are_pages(site: tuple[Client, Seed
 async def test_pages_keep_the_filter_across_pages(site: tuple[Client, Seeded]) -> None:
     client, s = site
     first = await text(client, "/exchanges?limit=2&model=gpt-4o-mini")
-    assert first.count('<tr>\n    <td><a href="/exchanges/') == 2
+    assert first.count("<tr data-id=") == 2
     start = first.index('rel="next"') - 300
     link = first[start:].split('href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
     assert "model=gpt-4o-mini" in link and "limit=2" in link and "cursor=" in link

@@ -84,3 +84,13 @@ document.addEventListener("keydown", function (event) {
     }
   });
 })();
+
+// "Copy" buttons: the text of the element they name goes to the clipboard.
+document.addEventListener("click", function (event) {
+  var button = event.target.closest ? event.target.closest("button.copy") : null;
+  if (!button || !navigator.clipboard) { return; }
+  var source = document.getElementById(button.dataset.copy);
+  navigator.clipboard.writeText(source ? source.textContent : "").then(function () {
+    button.textContent = "Copied";
+  });
+});
