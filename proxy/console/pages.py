@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from proxy.console import api, auth, charts, exchange_parts, listing, params, views
+from proxy.console import api, auth, charts, cost_chart, exchange_parts, listing, params, views
 from proxy.console.state import state
 from proxy.privacy.keep import redactor_for
 from proxy.store import browse, detail, overview, report, series, sessions
@@ -27,6 +27,8 @@ from proxy.tools.compare import compare, content_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LIST = "/exchanges"
+GROUPS = ("model", "key", "user", "upstream", "day")
+"""The cost page's `By` choices, before the tag keys the record has."""
 EXPORT_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "har": "application/json"}
 
 
@@ -173,6 +175,10 @@ async def cost_view(request: web.Request) -> web.Response:
     rows = await report.cost_report(engine, by, filters)
     found = await series.cost_series(engine, by, bucket, filters)
     kept = params.plain(query, params.COST_PARAMS)
+    tag_keys = sorted(
+        {value.split("=", 1)[0] for value, _ in await overview.choices(engine, "tag")}
+    )
+    groups = [*GROUPS, *(f"tag:{key}" for key in tag_keys)]
     return render(
         request,
         "cost.html",
@@ -182,8 +188,8 @@ async def cost_view(request: web.Request) -> web.Response:
         bucket=bucket,
         form={k: query.get(k, "") for k in params.COST_PARAMS},
         tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
-        cost_chart=charts.stacked_bars(found, "cost"),
-        token_chart=charts.stacked_bars(found, "tokens"),
+        charts=await cost_chart.charts(engine, found, filters, bucket),
+        groups=groups,
         api_url=_url("/api/cost", [*kept, ("by", by)]),
     )
 

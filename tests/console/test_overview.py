@@ -24,6 +24,7 @@ from proxy.store.writer import writer_for
 from tests import dbs
 from tests.cli.test_cli_store import cli
 from tests.console_data import console_app
+from tests.store.test_prune import prune_before
 
 db_url = dbs.db_url  # fixture
 HOUR = 3600.0
@@ -186,3 +187,23 @@ async def test_sums_and_exchanges_give_the_same_overview(db_url: str) -> None:
                 assert from_sums["totals"]["p50_ms"] is not None
     finally:
         await engine.dispose()
+
+
+async def test_cost_chart_axis_is_the_filter_and_pruned_days_are_marked(
+    aiohttp_client: Any, db_url: str
+) -> None:
+    now = time.time()
+    await upgrade(db_url)
+    await write(db_url, traffic(now))
+    before = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    await prune_before(db_url, before - timedelta(days=3))  # the exchanges of 2 days and more
+    client = await aiohttp_client(console_app(db_url))
+    page = await (await client.get("/cost", params={"since": "10d"})).text()
+    spend = page[page.index("Spend (USD) per day") : page.index("Tokens (prompt")]
+    assert spend.count('class="hover"') == 11  # 10 days back and today, data or not
+    assert spend.count('class="pruned"') == 2  # the two days whose exchanges were pruned
+    assert "Pruned days" in page
+    # The overview's sums outlive the exchanges: its totals are still the cost report's.
+    found = await (await client.get("/api/overview")).json()
+    rows = await cost(db_url, "--by", "model")
+    assert found["totals"]["requests"] == summed(rows, "requests") == 60
