@@ -130,3 +130,54 @@ async def test_a_chat_continued_without_a_header_reads_as_one_thread(
         await page.goto(f"{root}/sessions/sess-42")
         assert await page.locator("li.turn").count() == 2
         assert "header" in await page.locator("p.sub .badge").inner_text()
+
+
+async def test_every_page_keeps_recorded_content_text(
+    page: Any, tmp_path: Path, upstream: FakeUpstream, make_proxy: ProxyFactory, sdk: Sdk
+) -> None:
+    """Every page, with hostile text in prompts, answers, users and tags: nothing runs, the
+    browser reports no error (a CSP violation would be one); the docs' screenshots."""
+    talks = await talk(upstream, make_proxy, sdk)
+    seeded = build()
+    detailed = dbs.chat_exchange(user="ann", key_hint="sk-...aaaa", key_hash="a" * 16)
+    detailed.request_json.update(
+        temperature=0.2, max_completion_tokens=300, service_tier="flex",
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+        response_format={"type": "json_schema", "json_schema": {"name": "weather"}},
+    )  # fmt: skip
+    detailed.request_body = None
+    url = dbs.sqlite_url(tmp_path / "pages.db")
+    await upgrade(url)
+    await write(url, traffic(time.time()) + seeded.all() + talks.all() + [detailed])
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("response", lambda r: errors.append(r.url) if r.status >= 400 else None)
+    server = TestServer(console_app(url, keys={"sk-...aaaa": "ci-bot"}))
+    await server.start_server()
+    root = str(server.make_url("")).rstrip("/")
+    try:
+        for name, path in (
+            ("overview", "/"),
+            ("list", "/exchanges"),
+            ("exchange", f"/exchanges/{detailed.id}"),
+            ("session", f"/sessions/{talks.chat[0].id}"),
+            ("cost", "/cost?since=7d"),
+            ("fingerprints", "/fingerprints"),
+            ("diff", f"/exchanges/{seeded.replay.id}/diff"),
+            ("hostile", f"/exchanges/{seeded.hostile.id}"),
+        ):
+            await page.goto(root + path)
+            await page.wait_for_load_state("load")
+            await clean(page)
+            errors[:] = [e for e in errors if "favicon.ico" not in e and "Failed to load" not in e]
+            assert errors == [], (path, errors)
+            await shot(page, name)
+        await page.goto(f"{root}/exchanges/{detailed.id}")
+        facts = await page.locator("section.parameters").inner_text()
+        assert "get_weather" in facts and "json_schema (weather)" in facts
+        assert "asked flex" in facts and "0.2" in facts
+        await page.click("details.curl summary")
+        curl = await page.locator("#curl-text").inner_text()
+        assert "$OPENAI_API_KEY" in curl and "sk-" not in curl
+    finally:
+        await server.close()
