@@ -6,6 +6,7 @@ applied when shown (console, `cost --by key`) and accepted wherever a key filter
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 HEX = frozenset("0123456789abcdef")
 
@@ -26,6 +27,11 @@ def checked(raw: object, error: type[Exception]) -> dict[str, str]:
             )
         out[key if is_hint else key.lower()] = name.strip()
     return out
+
+
+def table(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, dict[str, str]]:
+    """`{"keys": ...}`: a config file's `[keys]` table, checked, as `Config` takes it."""
+    return {"keys": checked(raw.get("keys", {}), error)}
 
 
 class KeyNames:

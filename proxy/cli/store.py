@@ -157,10 +157,10 @@ def cost(
     db_url: str | None,
 ) -> None:
     """Spend per model, key, user, tag, day or upstream, with a total."""
+    from proxy.keynames import KeyNames
     from proxy.pricing import PriceTable
     from proxy.store import read, report
     from proxy.store.filters import Filters
-    from proxy.keynames import KeyNames
 
     cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices"))
     if since is not None and until is not None and since >= until:

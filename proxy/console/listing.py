@@ -11,9 +11,9 @@ from urllib.parse import urlencode
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.console import axes
+from proxy.keynames import KeyNames
 from proxy.store import overview, preview
 from proxy.store.browse import ListFilters
-from proxy.store.keynames import KeyNames
 
 COLUMNS = {"time": "newest", "cost": "cost", "duration": "duration", "ttft": "ttft"}
 """Sortable columns and the order a click asks for (a second click on time: oldest)."""

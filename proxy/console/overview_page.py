@@ -18,8 +18,8 @@ from aiohttp import web
 from proxy.console import axes, params
 from proxy.console.pages import render
 from proxy.console.state import state
-from proxy.store import overview
 from proxy.keynames import KeyNames
+from proxy.store import overview
 
 DEFAULT_SINCE = "7d"
 FORM = ("since", "until", "model", "key", "user", "upstream", "tag")

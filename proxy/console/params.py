@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 from multidict import MultiMapping
 
+from proxy.keynames import KeyNames
 from proxy.store import sorting
 from proxy.store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
 from proxy.store.cost import parse_by
 from proxy.store.filters import Filters
-from proxy.keynames import KeyNames
 from proxy.store.read import parse_since, parse_tag
 from proxy.store.series import parse_bucket
 

@@ -9,8 +9,8 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.config import Config
-from proxy.sinks.metrics import MetricsSink
 from proxy.keynames import KeyNames
+from proxy.sinks.metrics import MetricsSink
 
 
 @dataclass(slots=True)

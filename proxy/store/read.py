@@ -175,7 +175,6 @@ def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any
         "system_fingerprint": row["system_fingerprint"],
         "parse_errors": row["parse_errors"] or [],
         "redacted": row["redacted"],
-        "session": row["session"],
     }
 
 

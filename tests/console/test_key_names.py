@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, load
-from proxy.store.keynames import KeyNames
+from proxy.keynames import KeyNames
 from tests import dbs
 from tests.cli.test_cli_store import cli
 
