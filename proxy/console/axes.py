@@ -88,10 +88,13 @@ def chart(
     stacked: bool = True,
     lines: bool = False,
     marks: Sequence[datetime] = (),
+    missing: str = "n/a",
+    quiet_zeros: bool = False,
 ) -> dict[str, Any]:
     """One chart over the buckets `starts` (each `bucket` long): `series` is (name, css class,
     a value per bucket); bars (stacked or not) or `lines`. `marks`: buckets drawn hatched
-    (a pruned day, for one)."""
+    (a pruned day, for one). A tooltip says `missing` for a None value, and leaves out the
+    series that are 0 in that bucket when `quiet_zeros`."""
     step = HOUR if bucket == "hour" else DAY
     first = starts[0] if starts else datetime.now().astimezone()
     end = (starts[-1] if starts else first) + step
@@ -123,7 +126,7 @@ def chart(
             {"x": x(at), "label": _tick_label(at, bucket)} for at in _time_ticks(first, end)
         ],
         "legend": [(name, css) for name, css, _ in series],
-        "hover": _hover(starts, series, fmt, x, width, bucket),
+        "hover": _hover(starts, series, fmt, x, width, bucket, (missing, quiet_zeros)),
         "marks": [{"x": x(at), "w": round(width, 1)} for at in marks],
         **shapes,
     }
@@ -180,13 +183,16 @@ def _hover(
     x: Callable[[datetime], float],
     width: float,
     bucket: str,
+    says: tuple[str, bool],
 ) -> list[dict[str, Any]]:
     shown = "%Y-%m-%d %H:00" if bucket == "hour" else "%Y-%m-%d"
+    missing, quiet_zeros = says
     out = []
     for i, at in enumerate(starts):
         parts = [
-            f"{name}: {'n/a' if values[i] is None else fmt(values[i] or 0.0)}"
+            f"{name}: {missing if values[i] is None else fmt(values[i] or 0.0)}"
             for name, _, values in series
+            if not (quiet_zeros and values[i] == 0)
         ]
         tip = at.strftime(shown) + " UTC · " + ", ".join(parts)
         out.append({"x": x(at), "w": round(max(width, 0.5), 1), "tip": tip})

@@ -45,9 +45,13 @@ def _series(found: dict[str, Any], starts: list[datetime], metric: str) -> list[
             out.append((name, f"c{min(n, COLOURS - 1)}", values))
         for start, cost, _requests, prompt, completion in entry["points"]:
             i = at.get(datetime.fromisoformat(start))
-            if i is not None:
-                value = float(prompt + completion) if metric == "tokens" else (cost or 0.0)
-                values[i] = (values[i] or 0.0) + value
+            if i is None:
+                continue
+            if metric == "cost" and cost is None:  # every request of it unpriced: unknown
+                values[i] = None if not values[i] else values[i]
+            else:
+                value = float(prompt + completion) if metric == "tokens" else cost
+                values[i] = (values[i] or 0.0) + (value or 0.0)
     if len(out) == COLOURS:
         out[-1] = (f"{len(found['series']) - COLOURS + 1} others", *out[-1][1:])
     return out
@@ -66,8 +70,21 @@ async def charts(
     if bucket == "hour":  # a pruned day's rollup stands at its midnight hour
         marks = [day for day in marks if day in set(starts)]
     return {
-        "cost": axes.chart(starts, bucket, _series(found, starts, "cost"), axes.usd, marks=marks),
+        "cost": axes.chart(
+            starts,
+            bucket,
+            _series(found, starts, "cost"),
+            axes.usd,
+            marks=marks,
+            missing="unpriced",
+            quiet_zeros=True,
+        ),
         "tokens": axes.chart(
-            starts, bucket, _series(found, starts, "tokens"), axes.count, marks=marks
+            starts,
+            bucket,
+            _series(found, starts, "tokens"),
+            axes.count,
+            marks=marks,
+            quiet_zeros=True,
         ),
     }
