@@ -142,15 +142,17 @@ async def fill(url: str, rows: int) -> None:
     try:
         async with engine.begin() as conn:
             raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
             for day in synthesize(rows):
                 records = [tuple(r[n] for n in names) for r in day]
                 if engine.dialect.name == "postgresql":
-                    await raw.driver_connection.copy_records_to_table(
+                    await driver.copy_records_to_table(
                         "facets", records=records, columns=list(names)
                     )
                 else:
                     records = [(*r[:2], sqlite_time(r[2]), *r[3:]) for r in records]
-                    await raw.driver_connection.executemany(facets.upsert_sql("sqlite"), records)
+                    await driver.executemany(facets.upsert_sql("sqlite"), records)
         if engine.dialect.name == "postgresql":
             # What autovacuum does to a table written to all day: the top lists' index-only
             # scans need its visibility map.

@@ -29,7 +29,7 @@ def checked(raw: object, error: type[Exception]) -> dict[str, str]:
     return out
 
 
-def table(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, dict[str, str]]:
+def table(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, Any]:
     """`{"keys": ...}`: a config file's `[keys]` table, checked, as `Config` takes it."""
     return {"keys": checked(raw.get("keys", {}), error)}
 

@@ -214,8 +214,10 @@ def percentile(counts: Sequence[int], q: float) -> float | None:
     return float(bounds[-1])
 
 
-_ROW = ("started_at", "upstream", "model", "response_model", "key_hash", "key_hint", "end_user")
-_ROW += ("outcome", "status", "path", "usage_source", "cost_usd", "duration_ms", "ttft_ms")
+_ROW = (
+    *("started_at", "upstream", "model", "response_model", "key_hash", "key_hint", "end_user"),
+    *("outcome", "status", "path", "usage_source", "cost_usd", "duration_ms", "ttft_ms"),
+)
 
 
 def exchanges_query() -> sa.Select[Any]:

@@ -288,8 +288,10 @@ def shape(
             total[at] += value
     points = [_point(at, per[at]) for at in sorted(per)]
     summed = _point(since, total)
-    keys = ("requests", "errors", "cost_usd", "unpriced_requests", "prompt_tokens")
-    keys += ("completion_tokens", "p50_ms", "p95_ms", "ttft_p50_ms")
+    keys = (
+        *("requests", "errors", "cost_usd", "unpriced_requests", "prompt_tokens"),
+        *("completion_tokens", "p50_ms", "p95_ms", "ttft_p50_ms"),
+    )
     return {
         "bucket": bucket,
         "since": since.isoformat(),

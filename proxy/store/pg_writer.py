@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -70,8 +71,10 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     found = await conn.exec_driver_sql(STORED_IDS, (list(by_id),))
     fresh = not_stored(by_id, found.scalars())
     wanted = threads.wanted(fresh)
-    turns = (await conn.exec_driver_sql(TURNS, (wanted,))).all() if wanted else []
-    threads.link(fresh, {key: (exchange_id, session) for key, exchange_id, session in turns})
+    turns: list[tuple[Any, ...]] = []
+    if wanted:
+        turns = [tuple(row) for row in await conn.exec_driver_sql(TURNS, (wanted,))]
+    threads.link(fresh, {row[0]: (row[1], row[2]) for row in turns})
     driver = await _driver(conn)
     with _refused_as_value_error():
         for table, rows in table_records(fresh):
@@ -81,10 +84,10 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
         merged = merged_fingerprints([rows.fingerprint for rows in fresh if rows.fingerprint])
         if merged:
             await driver.executemany(COUNT_FINGERPRINTS, records(t.fingerprints, merged))
-        found = facets.of_batch(fresh)
-        if found:
+        summed = facets.of_batch(fresh)
+        if summed:
             # The overview's sums, in this transaction: added once, for what was inserted.
-            await driver.executemany(FACETS, facets.records(found))
+            await driver.executemany(FACETS, facets.records(summed))
     return len(fresh)
 
 
