@@ -29,9 +29,10 @@ def checked(raw: object, error: type[Exception]) -> dict[str, str]:
     return out
 
 
-def table(raw: Mapping[str, Any], error: type[Exception]) -> dict[str, Any]:
-    """`{"keys": ...}`: a config file's `[keys]` table, checked, as `Config` takes it."""
-    return {"keys": checked(raw.get("keys", {}), error)}
+def table(raw: Mapping[str, Any], error: type[Exception], used: Any) -> dict[str, Any]:
+    """`{"keys": ...}`: a config file's `[keys]` table, checked, as `Config` takes it; {}
+    when the command does not use it (`"keys" not in used`)."""
+    return {"keys": checked(raw.get("keys", {}), error)} if "keys" in used else {}
 
 
 class KeyNames:

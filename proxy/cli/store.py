@@ -162,7 +162,7 @@ def cost(
     from proxy.store import read, report
     from proxy.store.filters import Filters
 
-    cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices"))
+    cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices", "keys"))
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
     names = KeyNames(cfg.keys)
