@@ -192,9 +192,9 @@ class SqliteWriter:
             if fingerprints:
                 merged = records(t.fingerprints, fingerprints)
                 con.executemany(COUNT_FINGERPRINTS, _sqlite_records(t.fingerprints, merged))
-            found = facets.of_batch(fresh)
-            if found:
-                con.executemany(_FACETS, facets.records(found, sqlite_time))
+            summed = facets.of_batch(fresh)
+            if summed:
+                con.executemany(_FACETS, facets.records(summed, sqlite_time))
             await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)

@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestServer
 
 from proxy.store.migrate import upgrade
 from tests import dbs
-from tests.console.test_browser_dashboard import CHROMIUM, clean, page, shot
+from tests.console.test_browser import CHROMIUM
+from tests.console.test_browser_dashboard import clean, page, shot
 from tests.console.test_overview import traffic, write
 from tests.console_data import HOSTILE, build, console_app
 
