@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from proxy.store import facets, threads
 from proxy.store import tables as t
+from proxy.store.batch_sql import book_pg, link_pg
 from proxy.store.rows import (
     Rows,
     columns,
@@ -77,6 +78,7 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     threads.link(fresh, {row[0]: (row[1], row[2]) for row in turns})
     driver = await _driver(conn)
     with _refused_as_value_error():
+        fresh += await book_pg(driver, fresh)  # batch results not booked before
         for table, rows in table_records(fresh):
             # Only exchanges not yet stored get here (checked in this transaction; a process
             # writes its own exchanges one batch at a time), so no ON CONFLICT is needed.
@@ -88,6 +90,7 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
         if summed:
             # The overview's sums, in this transaction: added once, for what was inserted.
             await driver.executemany(FACETS, facets.records(summed))
+        await link_pg(driver, fresh)
     return len(fresh)
 
 

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from proxy.exchange import Exchange
 from proxy.pricing import PriceTable, cost_for, shipped_prices
 from proxy.store import tables as t
+from proxy.store.batch_rows import BatchRows, batch_rows
 from proxy.store.bodies import stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
@@ -51,6 +52,11 @@ class Rows:
     raw_streams: list[Row] = field(default_factory=list)
     fingerprint: Row | None = None
     """A `fingerprints` row counting this exchange once; the writers merge and upsert them."""
+    batch: BatchRows | None = None
+    """What the exchange says of Batch API files and batches (`batch_rows`)."""
+    batch_results: list[tuple[Row, Rows]] = field(default_factory=list)
+    """Result lines of a batch file it downloaded: each one's `batch_results` row and rows,
+    written only when that row is new (`batch_sql`)."""
 
     @property
     def id(self) -> str:
@@ -96,11 +102,38 @@ def _body_json(parsed: Any, raw: bytes | None) -> str | None:
     return dumps(parsed)
 
 
+def batch_cost(
+    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
+) -> tuple[float | None, str | None]:
+    """`cost_for` at Batch API rates: OpenAI bills a batch's requests at half the standard
+    rates of every token class. Until the price table carries batch rates of its own, they are
+    the standard ones halved (exact: halving a float only lowers its exponent)."""
+    cost, entry = cost_for(prices, model, response_model, usage)
+    if cost is None:
+        return None, None
+    return cost / 2, f"{entry} batch"
+
+
 def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
-    """The rows of one exchange, priced with `prices` (default: the shipped table)."""
+    """The rows of one exchange, priced with `prices` (default: the shipped table); with the
+    rows of the batch results it downloaded, each priced at batch rates."""
+    prices = prices or shipped_prices()
+    rows = _rows(ex, prices)
+    rows.batch = batch_rows(ex)
+    for result in rows.batch.results if rows.batch else ():
+        found = _rows(result.exchange, prices)
+        priced = found.exchange
+        priced["cost_usd"], priced["price_entry"] = batch_cost(
+            prices, priced["model"], priced["response_model"], result.exchange.usage
+        )
+        rows.batch_results.append((result.key, found))
+    return rows
+
+
+def _rows(ex: Exchange, prices: PriceTable) -> Rows:
     response = _dict(ex.response_json)
     usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
-    rows = Rows(_exchange_row(ex, response, usage, prices or shipped_prices()))
+    rows = Rows(_exchange_row(ex, response, usage, prices))
     exchange_id = ex.id
     if ex.tags:
         rows.tags = [

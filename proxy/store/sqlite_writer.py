@@ -36,6 +36,7 @@ import sqlalchemy as sa
 
 from proxy.store import facets, threads
 from proxy.store import tables as t
+from proxy.store.batch_sql import book_sqlite, link_sqlite
 from proxy.store.engine import create_private, describe, sqlite_pragmas
 from proxy.store.logprob_rows import Record
 from proxy.store.rows import (
@@ -182,6 +183,7 @@ class SqliteWriter:
         try:
             fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
             threads.link(fresh, _turns(con, threads.wanted(fresh)))
+            fresh += book_sqlite(con, fresh)  # batch results not booked before
             turns = Turns()
             for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
@@ -195,6 +197,7 @@ class SqliteWriter:
             summed = facets.of_batch(fresh)
             if summed:
                 con.executemany(_FACETS, facets.records(summed, sqlite_time))
+            link_sqlite(con, fresh)
             await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)

@@ -305,3 +305,57 @@ facets = sa.Table(
 `model_any` (each of the two), `key` (its hash; `hint` beside it), `user`, `tag` (`k=v`)) and
 its `value`. Written in the transaction that inserts the exchanges (`facets.py`), so a
 dashboard reads a few rows per bucket, never the exchanges."""
+
+# The Batch API (SPEC 12, migration 0011): what passed through the proxy of a batch's files.
+
+batch_requests = sa.Table(
+    "batch_requests",
+    metadata,
+    sa.Column("input_file_id", sa.String(), primary_key=True),
+    sa.Column("custom_id", sa.String(), primary_key=True),
+    sa.Column("line", sa.Integer(), nullable=False),
+    sa.Column("method", sa.String()),
+    sa.Column("url", sa.String()),
+    sa.Column("model", sa.String()),
+    sa.Column("body", Json),
+    sa.Column("exchange_id", ExchangeId, nullable=False),
+)
+"""The lines of an uploaded batch input file (`POST /files`, purpose `batch`), by file and
+`custom_id`; `exchange_id` is the upload's."""
+
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),
+    sa.Column("status", sa.String()),
+    sa.Column("endpoint", sa.String()),
+    sa.Column("input_file_id", sa.String()),
+    sa.Column("output_file_id", sa.String()),
+    sa.Column("error_file_id", sa.String()),
+    sa.Column("created_at", Time),
+    sa.Column("seen_at", Time, nullable=False),
+    sa.Column("request_counts", Json),
+    sa.Column("exchange_id", ExchangeId, nullable=False),
+    sa.Index(None, "input_file_id"),
+    sa.Index(None, "output_file_id"),
+    sa.Index(None, "error_file_id"),
+)
+"""Each batch as last seen through the proxy (`POST /batches`, `GET /batches[/{id}]`, cancel);
+`exchange_id` is the exchange it was last seen in."""
+
+batch_results = sa.Table(
+    "batch_results",
+    metadata,
+    # The output line's own id (`batch_req_...`): a result is booked once, whoever downloads
+    # its file and however often. No foreign key to `exchanges`: the booking outlives a prune.
+    sa.Column("line_id", sa.String(), primary_key=True),
+    sa.Column("file_id", sa.String(), nullable=False),
+    sa.Column("batch_id", sa.String()),
+    sa.Column("custom_id", sa.String()),
+    sa.Column("exchange_id", ExchangeId, nullable=False),
+    sa.Column("booked_at", Time, nullable=False),
+    sa.Index(None, "file_id"),
+    sa.Index(None, "batch_id", "custom_id"),
+)
+"""One row per result line of a batch's output or error file, booked as the exchange
+`exchange_id`; `batch_id` is filled once the batch naming the file has been seen."""

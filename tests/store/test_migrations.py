@@ -42,6 +42,9 @@ TABLES = {
     "alert_state",
     "alert_events",
     "facets",
+    "batch_requests",
+    "batches",
+    "batch_results",
 }
 
 

@@ -1,0 +1,186 @@
+"""The writers' Batch API statements (SPEC 12), inside each batch's transaction.
+
+`book_*` runs before a batch's exchanges are inserted: it stores the input lines and the batches
+the batch's exchanges saw, and books their result lines: a result's `batch_results` row is
+inserted only if its line id is not there yet, and only the results so booked are returned, to
+be inserted with the batch. The database decides, not a process's memory: on PostgreSQL a
+second transaction booking the same line waits for the first and then books nothing
+(`ON CONFLICT DO NOTHING`); SQLite's writers take the database's write lock first (`BEGIN
+IMMEDIATE`), so its check-then-insert cannot interleave.
+
+`link_*` runs after the inserts: results whose batch is now known get its id, and results
+whose request line is now known get it as their exchange's request, its `model` and its path,
+whichever of the upload, the batch and the output file came first.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from proxy.store import tables as t
+from proxy.store.rows import Row, Rows, columns
+
+_BATCH_UPSERT = """\
+INSERT INTO batches ({columns}) VALUES ({marks})
+ON CONFLICT (id) DO UPDATE SET
+    status = excluded.status,
+    endpoint = coalesce(excluded.endpoint, batches.endpoint),
+    input_file_id = coalesce(excluded.input_file_id, batches.input_file_id),
+    output_file_id = coalesce(excluded.output_file_id, batches.output_file_id),
+    error_file_id = coalesce(excluded.error_file_id, batches.error_file_id),
+    created_at = coalesce(excluded.created_at, batches.created_at),
+    seen_at = excluded.seen_at,
+    request_counts = excluded.request_counts,
+    exchange_id = excluded.exchange_id
+WHERE excluded.seen_at >= batches.seen_at"""
+"""A batch seen again replaces what an earlier sighting said; an older sighting written late
+changes nothing."""
+_REQUESTS_INSERT = "INSERT INTO batch_requests ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING"
+_RESULTS_BOOK_PG = """\
+INSERT INTO batch_results (line_id, file_id, batch_id, custom_id, exchange_id, booked_at)
+SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::varchar[],
+                     $5::varchar[], $6::timestamptz[])
+ON CONFLICT (line_id) DO NOTHING
+RETURNING line_id"""
+_LINK_BATCH = """\
+UPDATE batch_results SET batch_id = (
+    SELECT b.id FROM batches b
+    WHERE b.output_file_id = batch_results.file_id OR b.error_file_id = batch_results.file_id
+    ORDER BY b.id LIMIT 1)
+WHERE batch_id IS NULL AND file_id {files}"""
+_LINK_REQUEST = """\
+UPDATE exchanges SET
+    request = found.body,
+    model = coalesce(exchanges.model, found.model),
+    path = coalesce(found.url, exchanges.path)
+FROM (
+    SELECT r.exchange_id, q.body, q.model, q.url
+    FROM batch_results r
+    JOIN batches b ON b.id = r.batch_id
+    JOIN batch_requests q ON q.input_file_id = b.input_file_id AND q.custom_id = r.custom_id
+    WHERE r.file_id {files} OR b.input_file_id {files}
+) AS found
+WHERE exchanges.id = found.exchange_id AND exchanges.request IS NULL"""
+
+
+def _sql(template: str, table: Any, mark: str) -> str:
+    names = columns(table)
+    marks = ", ".join(mark.format(n=n) for n in range(1, len(names) + 1))
+    return template.format(columns=", ".join(names), marks=marks)
+
+
+def _gathered(fresh: Sequence[Rows]) -> tuple[list[Row], list[Row], list[tuple[Row, Rows]]]:
+    """The batch's input lines, batches and results, each key once (the first), sorted by key:
+    processes writing the same keys lock them in the same order, so they wait, not deadlock."""
+    requests: dict[tuple[str, str], Row] = {}
+    batches: dict[str, Row] = {}
+    results: dict[str, tuple[Row, Rows]] = {}
+    for rows in fresh:
+        if rows.batch is None:
+            continue
+        for row in rows.batch.requests:
+            requests.setdefault((row["input_file_id"], row["custom_id"]), row)
+        for row in rows.batch.batches:
+            known = batches.get(row["id"])
+            if known is None or row["seen_at"] >= known["seen_at"]:
+                batches[row["id"]] = row
+        for key, found in rows.batch_results:
+            results.setdefault(key["line_id"], (key, found))
+    return (
+        [requests[k] for k in sorted(requests)],
+        [batches[k] for k in sorted(batches)],
+        [results[k] for k in sorted(results)],
+    )
+
+
+def files_of(fresh: Iterable[Rows]) -> list[str]:
+    """The file ids whose results the batch's exchanges may link."""
+    return sorted({f for rows in fresh if rows.batch is not None for f in rows.batch.files})
+
+
+# --- PostgreSQL (asyncpg, inside the batch's transaction) ---
+
+
+def _values(table: Any, rows: list[Row]) -> list[tuple[Any, ...]]:
+    names = columns(table)
+    return [tuple(row[name] for name in names) for row in rows]
+
+
+async def book_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> list[Rows]:
+    """Store what `fresh` says of batches; the rows of the results booked now."""
+    requests, batches, results = _gathered(fresh)
+    if requests:
+        sql = _sql(_REQUESTS_INSERT, t.batch_requests, "${n}")
+        await driver.executemany(sql, _values(t.batch_requests, requests))
+    if batches:
+        await driver.executemany(
+            _sql(_BATCH_UPSERT, t.batches, "${n}"), _values(t.batches, batches)
+        )
+    if not results:
+        return []
+    keys = [key for key, _ in results]
+    arrays = [[key[name] for key in keys] for name in columns(t.batch_results)]
+    booked = {record[0] for record in await driver.fetch(_RESULTS_BOOK_PG, *arrays)}
+    return [found for key, found in results if key["line_id"] in booked]
+
+
+async def link_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> None:
+    files = files_of(fresh)
+    if files:
+        where = "= ANY($1::varchar[])"
+        await driver.execute(_LINK_BATCH.format(files=where), files)
+        await driver.execute(_LINK_REQUEST.format(files=where), files)
+
+
+# --- SQLite (sqlite3, on the writer's connection, inside `BEGIN IMMEDIATE`) ---
+
+
+def _sqlite_values(table: Any, rows: list[Row]) -> list[tuple[Any, ...]]:
+    names = columns(table)
+    return [tuple(_sqlite(row[name]) for name in names) for row in rows]
+
+
+def _sqlite(value: Any) -> Any:
+    """A time as the SQLite writer stores one (`sqlite_writer.sqlite_time`): UTC wall clock
+    with microseconds, text that sorts and compares as time."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat(" ", "microseconds")[:26]
+    return value
+
+
+def book_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> list[Rows]:
+    """As `book_pg`; the write lock this transaction holds makes the check and the insert one
+    step for every other writer."""
+    requests, batches, results = _gathered(fresh)
+    if requests:
+        sql = _sql(_REQUESTS_INSERT, t.batch_requests, "?")
+        con.executemany(sql, _sqlite_values(t.batch_requests, requests))
+    if batches:
+        con.executemany(_sql(_BATCH_UPSERT, t.batches, "?"), _sqlite_values(t.batches, batches))
+    if not results:
+        return []
+    ids = [key["line_id"] for key, _ in results]
+    known: set[str] = set()
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        marks = ", ".join("?" * len(part))
+        found = con.execute(f"SELECT line_id FROM batch_results WHERE line_id IN ({marks})", part)
+        known.update(row[0] for row in found)
+    booked = [(key, rows) for key, rows in results if key["line_id"] not in known]
+    if booked:
+        sql = _sql("INSERT INTO batch_results ({columns}) VALUES ({marks})", t.batch_results, "?")
+        con.executemany(sql, _sqlite_values(t.batch_results, [key for key, _ in booked]))
+    return [rows for _, rows in booked]
+
+
+def link_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> None:
+    files = files_of(fresh)
+    if files:
+        where = f"IN ({', '.join('?' * len(files))})"
+        con.execute(_LINK_BATCH.format(files=where), files)
+        con.execute(_LINK_REQUEST.format(files=where), files * 2)

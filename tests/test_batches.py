@@ -1,0 +1,130 @@
+"""Batch API traffic through the proxy (SPEC 12): the input lines, the batch, and each result of
+its output and error files booked once, at batch rates, with the real openai SDK as client and
+a real database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from proxy.relay.app import build_app, make_runner
+from proxy.config import Config, Upstream
+from proxy.store.recorder import DatabaseRecorder
+from proxy.store import upgrade
+from proxy.store.batch_rows import file_part, lines
+
+from . import dbs
+from .batchkit import COST_1, COST_2, INPUT, INPUT_LINES, FakeBatches, fake_batches
+from .conftest import Sdk, start_site
+from .test_record_e2e import query
+
+db_url = dbs.db_url  # fixture
+KEY = "sk-proj-batchSECRET0123456789abcd"
+
+
+@pytest.fixture
+async def batches_upstream() -> AsyncIterator[FakeBatches]:
+    async with fake_batches() as fake:
+        yield fake
+
+
+async def run_batch(client: openai.AsyncOpenAI, downloads: list[openai.AsyncOpenAI]) -> str:
+    """Upload, create, retrieve, then download the output file with each of `downloads` and
+    the error file once; returns the batch id."""
+    uploaded = await client.files.create(file=("in.jsonl", INPUT), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await client.batches.retrieve(batch.id)
+    assert done.status == "expired" and done.output_file_id and done.error_file_id
+    for downloader in downloads:
+        content = await downloader.files.content(done.output_file_id)
+        assert content.content.count(b"\n") == 2  # passed unchanged
+    await client.files.content(done.error_file_id)
+    return batch.id
+
+
+async def booked(url: str) -> list[tuple[Any, ...]]:
+    return await query(
+        url,
+        "SELECT r.custom_id, r.batch_id, e.status, e.outcome, e.cost_usd, e.price_entry,"
+        " e.model, e.path, e.request, e.upstream_request_id"
+        " FROM batch_results r JOIN exchanges e ON e.id = r.exchange_id ORDER BY r.custom_id",
+    )
+
+
+def expected(batch_id: str) -> list[tuple[Any, ...]]:
+    entry = True  # priced at batch rates, as `price_entry` says
+    path = "/v1/chat/completions"
+    return [
+        ("r1", batch_id, 200, "ok", COST_1, entry, "gpt-5", path, INPUT_LINES[0]["body"], "req_b1"),
+        ("r2", batch_id, 200, "ok", COST_2, entry, "gpt-5", path, INPUT_LINES[1]["body"], "req_b2"),
+        ("r3", batch_id, 400, "upstream_error", None, False, "gpt-5", path, INPUT_LINES[2]["body"],
+         "req_b3"),
+        ("r4", batch_id, None, "upstream_error", None, False, "gpt-5", path, INPUT_LINES[3]["body"],
+         None),
+    ]  # fmt: skip
+
+
+def as_json(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The request column as an object on both engines (SQLite gives its text); whether the
+    price entry says batch."""
+    return [
+        (*row[:5], (row[5] or "").endswith(" batch"), *row[6:8], _loads(row[8]), row[9])
+        for row in rows
+    ]
+
+
+def _loads(value: Any) -> Any:
+    return orjson.loads(value) if isinstance(value, str) else value
+
+
+async def test_each_result_is_booked_once_at_batch_rates(
+    batches_upstream: FakeBatches, db_url: str, tmp_path: Path, sdk: Sdk
+) -> None:
+    await upgrade(db_url)
+    config = replace(
+        Config(),
+        upstreams=(Upstream("openai", batches_upstream.url, "/v1"),),
+        db_url=db_url,
+        spool_path=str(tmp_path / "batches.spool"),
+        batch_interval=0.01,
+    )
+    app = build_app(config, DatabaseRecorder(config))
+    runner = make_runner(app, config)
+    await runner.setup()
+    try:
+        client = sdk(await start_site(runner) + "/v1", KEY)
+        batch_id = await run_batch(client, [client, client])
+    finally:
+        await runner.cleanup()
+    rows = as_json(await booked(db_url))
+    assert rows == expected(batch_id)
+    requests = await query(db_url, "SELECT custom_id, line, model FROM batch_requests ORDER BY 1")
+    assert requests == [
+        ("r1", 1, "gpt-5"),
+        ("r2", 2, "gpt-5"),
+        ("r3", 3, "gpt-5"),
+        ("r4", 4, "gpt-5"),
+    ]
+    seen = await query(db_url, "SELECT id, status, output_file_id FROM batches")
+    assert seen == [(batch_id, "expired", "file-out0001")]
+    total = await query(db_url, "SELECT sum(cost_usd) FROM exchanges")
+    assert total == [(COST_1 + COST_2,)]
+
+
+def test_file_part_and_lines_read_what_the_sdk_sends() -> None:
+    body = (
+        b'--b1\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b1\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n" + INPUT + b"\r\n--b1--\r\n"
+    )
+    part = file_part(body)
+    assert part == INPUT
+    assert [n for n, _ in lines(part + b"\n\nnot json\n[1]\n")] == [1, 2, 3, 4]
