@@ -4,6 +4,7 @@ a real database."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,15 +14,16 @@ import openai
 import orjson
 import pytest
 
-from proxy.relay.app import build_app, make_runner
 from proxy.config import Config, Upstream
-from proxy.store.recorder import DatabaseRecorder
+from proxy.relay.app import build_app, make_runner
 from proxy.store import upgrade
 from proxy.store.batch_rows import file_part, lines
+from proxy.store.recorder import DatabaseRecorder
 
 from . import dbs
-from .batchkit import COST_1, COST_2, INPUT, INPUT_LINES, FakeBatches, fake_batches
+from .batchkit import COST_1, COST_2, INPUT, INPUT_LINES, OUTPUT, FakeBatches, fake_batches
 from .conftest import Sdk, start_site
+from .faultkit import Serve
 from .test_record_e2e import query
 
 db_url = dbs.db_url  # fixture
@@ -43,9 +45,9 @@ async def run_batch(client: openai.AsyncOpenAI, downloads: list[openai.AsyncOpen
     )
     done = await client.batches.retrieve(batch.id)
     assert done.status == "expired" and done.output_file_id and done.error_file_id
-    for downloader in downloads:
-        content = await downloader.files.content(done.output_file_id)
-        assert content.content.count(b"\n") == 2  # passed unchanged
+    output_file_id = done.output_file_id
+    contents = await asyncio.gather(*(d.files.content(output_file_id) for d in downloads))
+    assert all(content.content == OUTPUT for content in contents)  # passed unchanged
     await client.files.content(done.error_file_id)
     return batch.id
 
@@ -128,3 +130,26 @@ def test_file_part_and_lines_read_what_the_sdk_sends() -> None:
     part = file_part(body)
     assert part == INPUT
     assert [n for n, _ in lines(part + b"\n\nnot json\n[1]\n")] == [1, 2, 3, 4]
+
+
+async def test_two_serve_processes_on_one_database_book_each_result_once(
+    batches_upstream: FakeBatches, db_url: str, tmp_path: Path, sdk: Sdk
+) -> None:
+    """`flightrec serve` twice on one database, each downloading the output file at the same
+    time: the database books each result once, whichever process writes it first."""
+    settings = {"db_url": db_url, "batch_interval": 0.01, "log_level": "info"}
+    serves = [Serve(tmp_path / name, batches_upstream.url, dict(settings)) for name in "ab"]
+    try:
+        for serve in serves:
+            serve.workdir.mkdir()
+            await serve.start()
+        first, second = (sdk(serve.url + "/v1", KEY) for serve in serves)
+        batch_id = await run_batch(first, [first, second, second])
+    finally:
+        for serve in serves:
+            serve.release()  # SIGTERM: each writes out what it holds
+    assert as_json(await booked(db_url)) == expected(batch_id)
+    total = await query(db_url, "SELECT sum(cost_usd) FROM exchanges")
+    assert total == [(COST_1 + COST_2,)]
+    logs = "".join(serve.log_text() for serve in serves)
+    assert KEY not in logs and "Traceback" not in logs
