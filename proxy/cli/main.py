@@ -31,6 +31,7 @@ from proxy.cli.options import (
     tag_option,
     user_errors,
 )
+from proxy.cli.reconcile import reconcile
 from proxy.health import check
 from proxy.logs import log_to_stderr
 
@@ -286,5 +287,6 @@ for _command in (
     cli_store.export,
     cli_store.prune,
     alerts,
+    reconcile,
 ):
     main.add_command(_command)
