@@ -236,9 +236,10 @@ def _result(
     download: Exchange, prefix: str, file_id: str, number: int, line: dict[str, Any]
 ) -> Result | None:
     custom_id = _text(line.get("custom_id"))
-    response = line.get("response") if isinstance(line.get("response"), dict) else {}
-    body = response.get("body")
-    body = body if isinstance(body, dict) else None
+    found = line.get("response")
+    response: dict[str, Any] = found if isinstance(found, dict) else {}
+    found = response.get("body")
+    body: dict[str, Any] | None = found if isinstance(found, dict) else None
     started = _time((body or {}).get("created")) or _time((body or {}).get("created_at"))
     at = started.timestamp() if started is not None else download.started_at
     place = int(at * 1000) << 12 | number & 0xFFF

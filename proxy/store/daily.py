@@ -26,17 +26,16 @@ def _kept(upstream: str, since: datetime, until: datetime, dialect: str) -> sa.S
     ex, usage = t.exchanges, t.usage
     day = day_text(ex.c.started_at, dialect)
     model = sa.func.coalesce(ex.c.response_model, ex.c.model)
+    sums: list[Any] = [
+        sa.func.count(usage.c.exchange_id).label("requests"),
+        sa.func.sum(usage.c.prompt_tokens).label("input_tokens"),
+        sa.func.sum(usage.c.cached_tokens).label("cached_tokens"),
+        sa.func.sum(usage.c.completion_tokens).label("output_tokens"),
+        sa.func.sum(cost_nano()).label("cost_nano"),
+        sa.func.sum(sa.case((is_unpriced(), 1), else_=0)).label("unpriced"),
+    ]
     return (
-        sa.select(
-            day.label("day"),
-            model.label("model"),
-            sa.func.count(usage.c.exchange_id).label("requests"),
-            sa.func.sum(usage.c.prompt_tokens).label("input_tokens"),
-            sa.func.sum(usage.c.cached_tokens).label("cached_tokens"),
-            sa.func.sum(usage.c.completion_tokens).label("output_tokens"),
-            sa.func.sum(cost_nano()).label("cost_nano"),
-            sa.func.sum(sa.case((is_unpriced(), 1), else_=0)).label("unpriced"),
-        )
+        sa.select(day.label("day"), model.label("model"), *sums)
         .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
         .where(ex.c.upstream == upstream, ex.c.started_at >= since, ex.c.started_at < until)
         .group_by(day, model)
@@ -47,17 +46,12 @@ def _rolled(upstream: str, since: datetime, until: datetime, dialect: str) -> sa
     r = t.rollups
     day = day_text(r.c.day, dialect)
     model = sa.func.coalesce(r.c.response_model, r.c.model)
+    names = {"requests": "requests", "prompt_tokens": "input_tokens",
+             "cached_tokens": "cached_tokens", "completion_tokens": "output_tokens",
+             "cost_nano": "cost_nano", "unpriced": "unpriced"}  # fmt: skip
+    sums: list[Any] = [sa.func.sum(r.c[name]).label(label) for name, label in names.items()]
     return (
-        sa.select(
-            day.label("day"),
-            model.label("model"),
-            sa.func.sum(r.c.requests).label("requests"),
-            sa.func.sum(r.c.prompt_tokens).label("input_tokens"),
-            sa.func.sum(r.c.cached_tokens).label("cached_tokens"),
-            sa.func.sum(r.c.completion_tokens).label("output_tokens"),
-            sa.func.sum(r.c.cost_nano).label("cost_nano"),
-            sa.func.sum(r.c.unpriced).label("unpriced"),
-        )
+        sa.select(day.label("day"), model.label("model"), *sums)
         .where(r.c.upstream == upstream, r.c.day >= since, r.c.day < until)
         .group_by(day, model)
     )
