@@ -22,8 +22,8 @@ from proxy.cli.main import main
 from proxy.exchange import Exchange
 from proxy.store import upgrade
 
-from . import dbs
-from .conftest import start_site
+from .. import dbs
+from ..conftest import start_site
 
 db_url = dbs.db_url  # fixture
 ADMIN_KEY = "sk-admin-RECONCILE-secret-0123456789"

@@ -20,11 +20,11 @@ from proxy.store import upgrade
 from proxy.store.batch_rows import file_part, lines
 from proxy.store.recorder import DatabaseRecorder
 
-from . import dbs
-from .batchkit import COST_1, COST_2, INPUT, INPUT_LINES, OUTPUT, FakeBatches, fake_batches
-from .conftest import Sdk, start_site
-from .faultkit import Serve
-from .test_record_e2e import query
+from .. import dbs
+from ..batchkit import COST_1, COST_2, INPUT, INPUT_LINES, OUTPUT, FakeBatches, fake_batches
+from ..conftest import Sdk, start_site
+from ..faultkit import Serve
+from ..relay.test_record_e2e import query
 
 db_url = dbs.db_url  # fixture
 KEY = "sk-proj-batchSECRET0123456789abcd"
