@@ -151,6 +151,10 @@ class Exchange:
     """Set when `[[redact]]` rules matched (`keep.py`): `{"rules": [names], "dropped":
     ["raw_stream", "logprobs"]}`, what was not kept because a match could not be redacted
     in it faithfully."""
+    batch_line: dict[str, Any] | None = None
+    """Set on an exchange made from a Batch API result line (`stream/batchfile.py`):
+    `{"line_id", "file_id", "custom_id", "booked_at"}`, the key the writer books it by, once
+    however often its file is downloaded."""
 
     def report(self, outcome: Outcome, error: str | None = None) -> None:
         """Say what happened to the exchange: the one place its `outcome` is decided.

@@ -62,6 +62,14 @@ COST_2 = 0.0021875
 """1000 uncached in at $0.625, 1000 cached at $0.0625, 300 out at $5, per 1M."""
 
 
+def output_lines(count: int, usage: dict[str, Any]) -> bytes:
+    """An output file of `count` successful results, each with `usage`."""
+    return b"".join(
+        _line(n, {"status_code": 200, "request_id": f"req_b{n}", "body": _answer(n, usage)}) + b"\n"
+        for n in range(1, count + 1)
+    )
+
+
 def _line(n: int, response: dict[str, Any] | None, error: Any = None) -> bytes:
     line = {"id": f"batch_req_{n:04d}", "custom_id": f"r{n}", "response": response, "error": error}
     return orjson.dumps(line)
@@ -99,6 +107,8 @@ class FakeBatches:
 
     files: dict[str, bytes] = field(default_factory=dict)
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    output: bytes = OUTPUT
+    """The output file of every batch."""
     url: str = ""
 
     async def upload(self, request: web.Request) -> web.Response:
@@ -141,7 +151,7 @@ class FakeBatches:
     async def retrieve(self, request: web.Request) -> web.Response:
         batch = self.batches[request.match_info["id"]]
         number = batch["id"].removeprefix("batch_")
-        self.files[f"file-out{number}"] = OUTPUT
+        self.files[f"file-out{number}"] = self.output
         self.files[f"file-err{number}"] = ERRORS
         batch |= {
             "status": "expired",

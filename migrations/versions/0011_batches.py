@@ -69,6 +69,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_batch_results_batch_id_custom_id", "batch_results", ["batch_id", "custom_id"]
     )
+    op.create_index("ix_batch_results_exchange_id", "batch_results", ["exchange_id"])
 
 
 def downgrade() -> None:

@@ -14,8 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
-from proxy.relay.appkeys import APP_DEFERRED, APP_DEFERRED_READS
+from proxy.relay.appkeys import APP_DEFERRED, APP_DEFERRED_READS, APP_SINKS
 from proxy.relay.deferred import Deferred
+from proxy.relay.batchfile import result_lines
 from proxy.relay.headers import response_headers
 from proxy.relay.record import Record
 from proxy.relay.tee import StreamTee
@@ -75,6 +76,14 @@ async def relay(
         max_record_bytes=config.max_record_bytes,
         max_stream_record_bytes=config.max_stream_record_bytes,
         keep_raw=config.store_raw_stream,
+        lines=result_lines(
+            request.method,
+            request.path,
+            answer.status,
+            request.headers,
+            request.app[APP_SINKS],
+            config.max_record_bytes,
+        ),
     )
     tee = record.tee = StreamTee(
         record.ensure_exchange, response.write, settings, later=request.app[APP_DEFERRED_READS]

@@ -137,7 +137,11 @@ class Sinks:
             self._deliver(exchange)
 
     def _deliver(self, exchange: Exchange) -> None:
-        for sink in self._sinks:
+        # A batch result is not a request through the proxy, and is seen again with every
+        # download of its file: only the recorder (the first sink), which books it once,
+        # takes it.
+        sinks = self._sinks[:1] if exchange.batch_line is not None else self._sinks
+        for sink in sinks:
             try:
                 sink.accept(exchange)
             except Exception:  # a sink's bug costs that sink the exchange, not the others

@@ -1,12 +1,12 @@
 """The writers' Batch API statements (SPEC 12), inside each batch's transaction.
 
 `book_*` runs before a batch's exchanges are inserted: it stores the input lines and the batches
-the batch's exchanges saw, and books their result lines: a result's `batch_results` row is
-inserted only if its line id is not there yet, and only the results so booked are returned, to
-be inserted with the batch. The database decides, not a process's memory: on PostgreSQL a
-second transaction booking the same line waits for the first and then books nothing
-(`ON CONFLICT DO NOTHING`); SQLite's writers take the database's write lock first (`BEGIN
-IMMEDIATE`), so its check-then-insert cannot interleave.
+the batch's exchanges saw, and books its result lines (`Rows.booking`): a result's
+`batch_results` row is inserted only if its line id is not there yet, and a result whose row
+was there is dropped from the batch, never inserted. The database decides, not a process's
+memory: on PostgreSQL a second transaction booking the same line waits for the first and then
+books nothing (`ON CONFLICT DO NOTHING`); SQLite's writers take the database's write lock
+first (`BEGIN IMMEDIATE`), so its check-then-insert cannot interleave.
 
 `link_*` runs after the inserts: results whose batch is now known get its id, and results
 whose request line is now known get it as their exchange's request, its `model` and its path,
@@ -74,13 +74,16 @@ def _sql(template: str, table: Any, mark: str) -> str:
     return template.format(columns=", ".join(names), marks=marks)
 
 
-def _gathered(fresh: Sequence[Rows]) -> tuple[list[Row], list[Row], list[tuple[Row, Rows]]]:
-    """The batch's input lines, batches and results, each key once (the first), sorted by key:
-    processes writing the same keys lock them in the same order, so they wait, not deadlock."""
+def _gathered(fresh: Sequence[Rows]) -> tuple[list[Row], list[Row], list[Rows]]:
+    """The batch's input lines, batches and result bookings, each key once (the first), sorted
+    by key: processes writing the same keys lock them in the same order, so they wait, not
+    deadlock."""
     requests: dict[tuple[str, str], Row] = {}
     batches: dict[str, Row] = {}
-    results: dict[str, tuple[Row, Rows]] = {}
+    bookings: dict[str, Rows] = {}
     for rows in fresh:
+        if rows.booking is not None:
+            bookings.setdefault(rows.booking["line_id"], rows)
         if rows.batch is None:
             continue
         for row in rows.batch.requests:
@@ -89,13 +92,17 @@ def _gathered(fresh: Sequence[Rows]) -> tuple[list[Row], list[Row], list[tuple[R
             known = batches.get(row["id"])
             if known is None or row["seen_at"] >= known["seen_at"]:
                 batches[row["id"]] = row
-        for key, found in rows.batch_results:
-            results.setdefault(key["line_id"], (key, found))
     return (
         [requests[k] for k in sorted(requests)],
         [batches[k] for k in sorted(batches)],
-        [results[k] for k in sorted(results)],
+        [bookings[k] for k in sorted(bookings)],
     )
+
+
+def _booked_only(fresh: Sequence[Rows], booked: list[Rows]) -> list[Rows]:
+    """`fresh` without the result lines booked before (or twice in it)."""
+    chosen = {id(rows) for rows in booked}
+    return [rows for rows in fresh if rows.booking is None or id(rows) in chosen]
 
 
 def files_of(fresh: Iterable[Rows]) -> list[str]:
@@ -112,8 +119,8 @@ def _values(table: Any, rows: list[Row]) -> list[tuple[Any, ...]]:
 
 
 async def book_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> list[Rows]:
-    """Store what `fresh` says of batches; the rows of the results booked now."""
-    requests, batches, results = _gathered(fresh)
+    """Store what `fresh` says of batches; `fresh` without the results booked before."""
+    requests, batches, bookings = _gathered(fresh)
     if requests:
         sql = _sql(_REQUESTS_INSERT, t.batch_requests, "${n}")
         await driver.executemany(sql, _values(t.batch_requests, requests))
@@ -121,12 +128,13 @@ async def book_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> list[Row
         await driver.executemany(
             _sql(_BATCH_UPSERT, t.batches, "${n}"), _values(t.batches, batches)
         )
-    if not results:
-        return []
-    keys = [key for key, _ in results]
+    if not bookings:
+        return list(fresh)
+    keys = [rows.booking for rows in bookings if rows.booking is not None]
     arrays = [[key[name] for key in keys] for name in columns(t.batch_results)]
     booked = {record[0] for record in await driver.fetch(_RESULTS_BOOK_PG, *arrays)}
-    return [found for key, found in results if key["line_id"] in booked]
+    chosen = [rows for rows in bookings if rows.booking and rows.booking["line_id"] in booked]
+    return _booked_only(fresh, chosen)
 
 
 async def link_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> None:
@@ -156,26 +164,27 @@ def _sqlite(value: Any) -> Any:
 def book_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> list[Rows]:
     """As `book_pg`; the write lock this transaction holds makes the check and the insert one
     step for every other writer."""
-    requests, batches, results = _gathered(fresh)
+    requests, batches, bookings = _gathered(fresh)
     if requests:
         sql = _sql(_REQUESTS_INSERT, t.batch_requests, "?")
         con.executemany(sql, _sqlite_values(t.batch_requests, requests))
     if batches:
         con.executemany(_sql(_BATCH_UPSERT, t.batches, "?"), _sqlite_values(t.batches, batches))
-    if not results:
-        return []
-    ids = [key["line_id"] for key, _ in results]
+    keys = [rows.booking for rows in bookings if rows.booking is not None]
+    if not keys:
+        return list(fresh)
     known: set[str] = set()
-    for start in range(0, len(ids), 500):
-        part = ids[start : start + 500]
+    for start in range(0, len(keys), 500):
+        part = [key["line_id"] for key in keys[start : start + 500]]
         marks = ", ".join("?" * len(part))
         found = con.execute(f"SELECT line_id FROM batch_results WHERE line_id IN ({marks})", part)
         known.update(row[0] for row in found)
-    booked = [(key, rows) for key, rows in results if key["line_id"] not in known]
-    if booked:
+    chosen = [rows for rows in bookings if rows.booking and rows.booking["line_id"] not in known]
+    if chosen:
         sql = _sql("INSERT INTO batch_results ({columns}) VALUES ({marks})", t.batch_results, "?")
-        con.executemany(sql, _sqlite_values(t.batch_results, [key for key, _ in booked]))
-    return [rows for _, rows in booked]
+        booked = [rows.booking for rows in chosen if rows.booking is not None]
+        con.executemany(sql, _sqlite_values(t.batch_results, booked))
+    return _booked_only(fresh, chosen)
 
 
 def link_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> None:

@@ -78,7 +78,7 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     threads.link(fresh, {row[0]: (row[1], row[2]) for row in turns})
     driver = await _driver(conn)
     with _refused_as_value_error():
-        fresh += await book_pg(driver, fresh)  # batch results not booked before
+        fresh = await book_pg(driver, fresh)  # without batch results booked before
         for table, rows in table_records(fresh):
             # Only exchanges not yet stored get here (checked in this transaction; a process
             # writes its own exchanges one batch at a time), so no ON CONFLICT is needed.

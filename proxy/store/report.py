@@ -40,6 +40,7 @@ from proxy.store import rollups
 from proxy.store import tables as t
 from proxy.store.cost import NANO, cost_nano, group_column, is_unpriced, merge, parse_by
 from proxy.store.filters import Filters
+from proxy.store.rows import batch_cost
 from proxy.text import printable, spreadsheet_text
 
 COLUMNS = (
@@ -163,13 +164,24 @@ async def reprice(
     Walks exchanges by id (keyset), one transaction per batch, so the proxy can go on writing
     between batches; only rows whose cost or entry changed are updated.
     """
-    ex, usage = t.exchanges, t.usage
+    ex, usage, booked = t.exchanges, t.usage, t.batch_results
     where = (filters or Filters()).where()
+    batch = booked.c.line_id.is_not(None).label("batch")
     query = (
         sa.select(
-            ex.c.id, ex.c.model, ex.c.response_model, ex.c.cost_usd, ex.c.price_entry, usage.c.raw
+            ex.c.id,
+            ex.c.model,
+            ex.c.response_model,
+            ex.c.cost_usd,
+            ex.c.price_entry,
+            usage.c.raw,
+            batch,
         )
-        .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
+        .select_from(
+            ex.outerjoin(usage, usage.c.exchange_id == ex.c.id).outerjoin(
+                booked, booked.c.exchange_id == ex.c.id
+            )
+        )
         .where(*where)
         .order_by(ex.c.id)
         .limit(batch_size)
@@ -197,7 +209,8 @@ async def reprice(
 def _changes(prices: PriceTable, found: Iterable[Any]) -> list[dict[str, Any]]:
     changes = []
     for row in found:
-        cost, entry = cost_for(prices, row.model, row.response_model, row.raw)
+        price = batch_cost if row.batch else cost_for  # a batch result keeps batch rates
+        cost, entry = price(prices, row.model, row.response_model, row.raw)
         if (cost, entry) != (row.cost_usd, row.price_entry):
             changes.append({"b_id": row.id, "b_cost": cost, "b_entry": entry})
     return changes

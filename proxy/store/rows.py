@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from proxy.exchange import Exchange
 from proxy.pricing import PriceTable, cost_for, shipped_prices
 from proxy.store import tables as t
-from proxy.store.batch_rows import BatchRows, batch_rows
+from proxy.store.batch_rows import BatchRows, batch_rows, booking_row
 from proxy.store.bodies import stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
@@ -54,9 +54,9 @@ class Rows:
     """A `fingerprints` row counting this exchange once; the writers merge and upsert them."""
     batch: BatchRows | None = None
     """What the exchange says of Batch API files and batches (`batch_rows`)."""
-    batch_results: list[tuple[Row, Rows]] = field(default_factory=list)
-    """Result lines of a batch file it downloaded: each one's `batch_results` row and rows,
-    written only when that row is new (`batch_sql`)."""
+    booking: Row | None = None
+    """For a Batch API result line: its `batch_results` row; the exchange is written only
+    when that row is new (`batch_sql`)."""
 
     @property
     def id(self) -> str:
@@ -115,18 +115,20 @@ def batch_cost(
 
 
 def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
-    """The rows of one exchange, priced with `prices` (default: the shipped table); with the
-    rows of the batch results it downloaded, each priced at batch rates."""
+    """The rows of one exchange, priced with `prices` (default: the shipped table); a Batch API
+    result line at batch rates, with the row that books it."""
     prices = prices or shipped_prices()
     rows = _rows(ex, prices)
-    rows.batch = batch_rows(ex)
-    for result in rows.batch.results if rows.batch else ():
-        found = _rows(result.exchange, prices)
-        priced = found.exchange
-        priced["cost_usd"], priced["price_entry"] = batch_cost(
-            prices, priced["model"], priced["response_model"], result.exchange.usage
-        )
-        rows.batch_results.append((result.key, found))
+    line = ex.batch_line
+    if line is None:
+        rows.batch = batch_rows(ex)
+        return rows
+    row = rows.exchange
+    row["cost_usd"], row["price_entry"] = batch_cost(
+        prices, row["model"], row["response_model"], ex.usage
+    )
+    rows.booking = booking_row(ex.id, line)
+    rows.batch = BatchRows(files=[rows.booking["file_id"]])
     return rows
 
 

@@ -183,7 +183,7 @@ class SqliteWriter:
         try:
             fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
             threads.link(fresh, _turns(con, threads.wanted(fresh)))
-            fresh += book_sqlite(con, fresh)  # batch results not booked before
+            fresh = book_sqlite(con, fresh)  # without batch results booked before
             turns = Turns()
             for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)

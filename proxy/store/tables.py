@@ -356,6 +356,7 @@ batch_results = sa.Table(
     sa.Column("booked_at", Time, nullable=False),
     sa.Index(None, "file_id"),
     sa.Index(None, "batch_id", "custom_id"),
+    sa.Index(None, "exchange_id"),
 )
 """One row per result line of a batch's output or error file, booked as the exchange
 `exchange_id`; `batch_id` is filled once the batch naming the file has been seen."""

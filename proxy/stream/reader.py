@@ -3,14 +3,16 @@
 `BodyReader` is the part of the tee that looks at bytes the client has (or is about to get): it
 never writes to the client and does no I/O. A stream is parsed event by event (`sse.py`) and
 folded by its endpoint's assembler (`endpoints.py`); any other body is kept up to
-`max_record_bytes` and parsed as JSON at the end.
+`max_record_bytes` and parsed as JSON at the end. A Batch API file's content is also read line
+by line as it passes, whatever its size (`batchfile.py`).
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -45,6 +47,16 @@ class BodySettings:
     without is read (`_past_the_bound`)."""
     keep_raw: bool = False
     """Keep a stream's exact bytes and pacing (`store_raw_stream`)."""
+    lines: Callable[[Exchange], LineReader] | None = None
+    """Makes a reader of the body's lines, fed alongside (a Batch API file download)."""
+
+
+class LineReader(Protocol):
+    """Reads a body's lines as the body passes (`batchfile.ResultLines`)."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def end(self) -> None: ...
 
 
 class Decoder:
@@ -90,6 +102,8 @@ class BodyReader:
         self._exchange = exchange
         endpoint = self._endpoint = settings.endpoint
         encoding, sse = settings.encoding, settings.sse
+        lines = settings.lines
+        self._lines = None if lines is None or sse else lines(exchange)
         self._withhold = settings.withhold
         self._injected = settings.injected
         self._started = settings.started
@@ -133,6 +147,8 @@ class BodyReader:
             return None
         if self.sse is None:
             self._capture(data)
+            if self._lines is not None:
+                self._lines.feed(data)
             return None
         self._stream_bytes += len(data)
         if self._stream_bytes > self._max_stream:
@@ -157,10 +173,14 @@ class BodyReader:
                 tail = b""
             if self.sse is None:
                 self._capture(tail)
+                if self._lines is not None:
+                    self._lines.feed(tail)
             elif tail:
                 self._on_events(self.sse.feed(tail), ended_at)
         if self.sse is not None and self.readable:
             return self._on_events(self.sse.flush(), ended_at)
+        if self._lines is not None and self.readable:
+            self._lines.end()
         return None
 
     def _on_events(self, events: list[Event], arrived: float) -> list[tuple[int, int]]:

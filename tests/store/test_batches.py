@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,28 @@ import orjson
 import pytest
 
 from proxy.config import Config, Upstream
+from proxy.exchange import Exchange
+from proxy.pricing import PriceTable
 from proxy.relay.app import build_app, make_runner
+from proxy.sinks.fanout import MemoryRecorder, Sinks
 from proxy.store import upgrade
-from proxy.store.batch_rows import file_part, lines
+from proxy.store.batch_rows import file_part
+from proxy.store.read import reading
 from proxy.store.recorder import DatabaseRecorder
+from proxy.store.report import reprice
+from proxy.stream.batchfile import lines
 
 from .. import dbs
-from ..batchkit import COST_1, COST_2, INPUT, INPUT_LINES, OUTPUT, FakeBatches, fake_batches
+from ..batchkit import (
+    COST_1,
+    COST_2,
+    INPUT,
+    INPUT_LINES,
+    OUTPUT,
+    FakeBatches,
+    fake_batches,
+    output_lines,
+)
 from ..conftest import Sdk, start_site
 from ..faultkit import Serve
 from ..relay.test_record_e2e import query
@@ -87,27 +103,41 @@ def _loads(value: Any) -> Any:
     return orjson.loads(value) if isinstance(value, str) else value
 
 
-async def test_each_result_is_booked_once_at_batch_rates(
-    batches_upstream: FakeBatches, db_url: str, tmp_path: Path, sdk: Sdk
-) -> None:
+@asynccontextmanager
+async def recording_proxy(
+    upstream: str, db_url: str, tmp_path: Path, **settings: Any
+) -> AsyncIterator[str]:
+    """The proxy as `serve` builds it, recording to `db_url`; its OpenAI base URL. Leaving the
+    block shuts it down as SIGTERM does: everything it holds is written."""
     await upgrade(db_url)
     config = replace(
         Config(),
-        upstreams=(Upstream("openai", batches_upstream.url, "/v1"),),
+        upstreams=(Upstream("openai", upstream, "/v1"),),
         db_url=db_url,
         spool_path=str(tmp_path / "batches.spool"),
         batch_interval=0.01,
+        **settings,
     )
     app = build_app(config, DatabaseRecorder(config))
     runner = make_runner(app, config)
     await runner.setup()
     try:
-        client = sdk(await start_site(runner) + "/v1", KEY)
-        batch_id = await run_batch(client, [client, client])
+        yield await start_site(runner) + "/v1"
     finally:
         await runner.cleanup()
+
+
+async def test_each_result_is_booked_once_at_batch_rates(
+    batches_upstream: FakeBatches, db_url: str, tmp_path: Path, sdk: Sdk
+) -> None:
+    async with recording_proxy(batches_upstream.url, db_url, tmp_path) as base_url:
+        client = sdk(base_url, KEY)
+        batch_id = await run_batch(client, [client, client])
     rows = as_json(await booked(db_url))
     assert rows == expected(batch_id)
+    async with reading(db_url) as engine:  # repricing keeps batch rates
+        assert (await reprice(engine, PriceTable.load())).changed == 0
+    assert as_json(await booked(db_url)) == rows
     requests = await query(db_url, "SELECT custom_id, line, model FROM batch_requests ORDER BY 1")
     assert requests == [
         ("r1", 1, "gpt-5"),
@@ -153,3 +183,95 @@ async def test_two_serve_processes_on_one_database_book_each_result_once(
     assert total == [(COST_1 + COST_2,)]
     logs = "".join(serve.log_text() for serve in serves)
     assert KEY not in logs and "Traceback" not in logs
+
+
+async def test_a_file_larger_than_the_record_keeps_is_booked_line_by_line(
+    batches_upstream: FakeBatches, tmp_path: Path, sdk: Sdk
+) -> None:
+    """The output file is read as it passes: every result is booked although the file is far
+    larger than `max_record_bytes`; a line longer than that is skipped and said."""
+    usage = {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
+    huge = {"status_code": 200, "request_id": "req_huge", "body": {"pad": "x" * 20_000}}
+    long_line = orjson.dumps({"id": "batch_req_huge", "custom_id": "huge", "response": huge})
+    batches_upstream.output = output_lines(400, usage) + long_line + b"\n"
+    assert len(batches_upstream.output) > 10 * 16_384
+    url = dbs.sqlite_url(tmp_path / "big.db")
+    async with recording_proxy(
+        batches_upstream.url, url, tmp_path, max_record_bytes=16_384
+    ) as base:
+        client = sdk(base, KEY)
+        uploaded = await client.files.create(file=("in.jsonl", INPUT), purpose="batch")
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await client.batches.retrieve(batch.id)
+        assert done.output_file_id is not None
+        content = await client.files.content(done.output_file_id)
+        assert content.content == batches_upstream.output
+    # 1000 in at $0.625 and 100 out at $5 per 1M: $0.000625 + $0.0005 each.
+    found = await query(
+        url, "SELECT count(*), min(e.cost_usd), max(e.cost_usd), count(r.batch_id)"
+        " FROM batch_results r JOIN exchanges e ON e.id = r.exchange_id",
+    )  # fmt: skip
+    assert found == [(400, 0.001125, 0.001125, 400)]
+    errors = await query(url, "SELECT parse_errors FROM exchanges WHERE path LIKE '%/content'")
+    assert orjson.loads(errors[0][0]) == [
+        "response body larger than max_record_bytes: not recorded",
+        "batch file line 401 longer than max_record_bytes",
+    ]
+
+
+async def test_an_output_file_seen_before_its_batch_is_booked_then_linked(
+    batches_upstream: FakeBatches, db_url: str, tmp_path: Path, sdk: Sdk
+) -> None:
+    """The batch was created and retrieved around the proxy: its output file passing through
+    is booked by its line ids with no batch; once `batches.retrieve` passes, it is linked."""
+    direct = sdk(batches_upstream.url, KEY)
+    async with recording_proxy(batches_upstream.url, db_url, tmp_path) as base_url:
+        client = sdk(base_url, KEY)
+        uploaded = await client.files.create(file=("in.jsonl", INPUT), purpose="batch")
+        batch = await direct.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await direct.batches.retrieve(batch.id)
+        assert done.output_file_id is not None
+        await client.files.content(done.output_file_id)
+        sql = "SELECT custom_id, batch_id FROM batch_results ORDER BY 1"
+        for _ in range(500):
+            if len(await query(db_url, sql)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert await query(db_url, sql) == [("r1", None), ("r2", None)]
+        unlinked = await query(db_url, "SELECT count(*) FROM exchanges WHERE cost_usd IS NOT NULL")
+        assert unlinked == [(2,)]  # booked and priced before the batch is known
+        await client.batches.retrieve(batch.id)
+    rows = as_json(await booked(db_url))
+    assert rows == expected(batch.id)[:2]
+
+
+class Spy:
+    """A sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.seen: list[Exchange] = []
+
+    async def start(self) -> None: ...
+
+    def accept(self, exchange: Exchange) -> None:
+        self.seen.append(exchange)
+
+    async def stop(self) -> None: ...
+
+
+def test_a_batch_result_goes_to_the_record_only() -> None:
+    """Metrics and traces count requests through the proxy; a batch result is not one, and is
+    seen again with every download of its file."""
+    recorder, spy = MemoryRecorder(), Spy()
+    sinks = Sinks([recorder, spy])
+    plain = Exchange.start("GET", "/v1/models", "", "openai")
+    result = Exchange.start("POST", "/v1/chat/completions", "", "openai")
+    result.batch_line = {"line_id": "batch_req_1", "file_id": "file-1", "custom_id": "r1"}
+    sinks.accept(plain)
+    sinks.accept(result)
+    assert recorder.exchanges == [plain, result]
+    assert spy.seen == [plain]
