@@ -137,6 +137,14 @@ until_option = click.option(
     callback=parse_with(_parse_since),
     help="Only exchanges before T (same forms as --since).",
 )
+report_format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+)
+"""`--format table|csv|json` of the reports (`cost`, `reconcile`)."""
 tag_option = click.option(
     "--tag",
     "tags",

@@ -18,6 +18,7 @@ from proxy.cli.options import (
     db_option,
     load_config,
     print_json,
+    report_format_option,
     since_option,
     until_option,
     user_errors,
@@ -38,13 +39,7 @@ DEFAULT_DAYS = 7
     show_default=True,
     help="Environment variable holding the provider's admin key (never stored or logged).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-)
+@report_format_option
 @db_option
 @user_errors
 def reconcile(
@@ -83,8 +78,8 @@ def reconcile(
         raise click.UsageError("--since must be earlier than --until")
 
     async def run() -> list[dict[str, Any]]:
-        provider = await provider_days(upstream.base_url, admin_key, start, end)
-        async with read.reading(cfg.db_url) as engine:
+        async with read.reading(cfg.db_url) as engine:  # a bad database fails first
+            provider = await provider_days(upstream.base_url, admin_key, start, end)
             record = await record_days(engine, upstream.name, start, end)
         return rec.compare(provider, record)
 

@@ -18,6 +18,7 @@ from proxy.cli.options import (
     load_config,
     parse_with,
     print_json,
+    report_format_option,
     scan_filters,
     since_option,
     tag_option,
@@ -130,13 +131,7 @@ def _parse_by(value: str) -> str:
 @click.option("--model", default=None, help="Only exchanges that requested or got this model.")
 @click.option("--key", default=None, help="Only this API key: its hint (sk-...a1b2) or hash.")
 @tag_option
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-)
+@report_format_option
 @click.option(
     "--reprice",
     is_flag=True,

@@ -257,7 +257,9 @@ async def test_a_refused_admin_key_is_one_line_without_the_key(tmp_path: Path) -
     await runner.setup()
     try:
         url = await start_site(runner) + "/v1"
-        config = _config(tmp_path, url, dbs.sqlite_url(tmp_path / "f.db"))
+        db = dbs.sqlite_url(tmp_path / "f.db")
+        await upgrade(db)
+        config = _config(tmp_path, url, db)
         code, _, err = await flightrec(
             "reconcile", "--config", config, "--upstream", "openai",
             env={"OPENAI_ADMIN_KEY": ADMIN_KEY},
