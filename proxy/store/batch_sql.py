@@ -52,7 +52,8 @@ UPDATE batch_results SET batch_id = (
     SELECT b.id FROM batches b
     WHERE b.output_file_id = batch_results.file_id OR b.error_file_id = batch_results.file_id
     ORDER BY b.id LIMIT 1)
-WHERE batch_id IS NULL AND file_id {files}"""
+WHERE batch_id IS NULL AND {column} {match}"""
+"""Results (of these files, or these exchanges) learn their batch."""
 _LINK_REQUEST = """\
 UPDATE exchanges SET
     request = found.body,
@@ -63,9 +64,19 @@ FROM (
     FROM batch_results r
     JOIN batches b ON b.id = r.batch_id
     JOIN batch_requests q ON q.input_file_id = b.input_file_id AND q.custom_id = r.custom_id
-    WHERE r.file_id {files} OR b.input_file_id {files}
+    WHERE {column} {match}
 ) AS found
 WHERE exchanges.id = found.exchange_id AND exchanges.request IS NULL"""
+"""Results (of these exchanges, files, or batches' input files) learn their request line."""
+_LINKS = (
+    (_LINK_BATCH, "exchange_id", "results"),
+    (_LINK_BATCH, "file_id", "files"),
+    (_LINK_REQUEST, "r.exchange_id", "results"),
+    (_LINK_REQUEST, "r.file_id", "files"),
+    (_LINK_REQUEST, "b.input_file_id", "files"),
+)
+"""Each statement matches one indexed column, so it reads only the rows it may change: the
+results written now, and all results of the files an upload or a batch sighting names."""
 
 
 def _sql(template: str, table: Any, mark: str) -> str:
@@ -105,9 +116,16 @@ def _booked_only(fresh: Sequence[Rows], booked: list[Rows]) -> list[Rows]:
     return [rows for rows in fresh if rows.booking is None or id(rows) in chosen]
 
 
-def files_of(fresh: Iterable[Rows]) -> list[str]:
-    """The file ids whose results the batch's exchanges may link."""
-    return sorted({f for rows in fresh if rows.batch is not None for f in rows.batch.files})
+def _linked(fresh: Iterable[Rows]) -> dict[str, list[str]]:
+    """What the batch's exchanges may link: the results written now, by exchange id, and the
+    files uploads and batch sightings name."""
+    results, files = set(), set()
+    for rows in fresh:
+        if rows.booking is not None:
+            results.add(rows.id)
+        elif rows.batch is not None:
+            files.update(rows.batch.files)
+    return {"results": sorted(results), "files": sorted(files)}
 
 
 # --- PostgreSQL (asyncpg, inside the batch's transaction) ---
@@ -138,11 +156,11 @@ async def book_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> list[Row
 
 
 async def link_pg(driver: asyncpg.Connection, fresh: Sequence[Rows]) -> None:
-    files = files_of(fresh)
-    if files:
-        where = "= ANY($1::varchar[])"
-        await driver.execute(_LINK_BATCH.format(files=where), files)
-        await driver.execute(_LINK_REQUEST.format(files=where), files)
+    linked = _linked(fresh)
+    for template, column, kind in _LINKS:
+        if linked[kind]:
+            sql = template.format(column=column, match="= ANY($1::varchar[])")
+            await driver.execute(sql, linked[kind])
 
 
 # --- SQLite (sqlite3, on the writer's connection, inside `BEGIN IMMEDIATE`) ---
@@ -188,8 +206,10 @@ def book_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> list[Rows]:
 
 
 def link_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> None:
-    files = files_of(fresh)
-    if files:
-        where = f"IN ({', '.join('?' * len(files))})"
-        con.execute(_LINK_BATCH.format(files=where), files)
-        con.execute(_LINK_REQUEST.format(files=where), files * 2)
+    linked = _linked(fresh)
+    for template, column, kind in _LINKS:
+        keys = linked[kind]
+        for start in range(0, len(keys), 500):
+            part = keys[start : start + 500]
+            match = f"IN ({', '.join('?' * len(part))})"
+            con.execute(template.format(column=column, match=match), part)

@@ -128,7 +128,6 @@ def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
         prices, row["model"], row["response_model"], ex.usage
     )
     rows.booking = booking_row(ex.id, line)
-    rows.batch = BatchRows(files=[rows.booking["file_id"]])
     return rows
 
 
