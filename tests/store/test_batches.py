@@ -21,16 +21,17 @@ from proxy.pricing import PriceTable
 from proxy.relay.app import build_app, make_runner
 from proxy.sinks.fanout import MemoryRecorder, Sinks
 from proxy.store import upgrade
-from proxy.store.batch_rows import file_part
+from proxy.store.batch_rows import batch_rows, file_part
 from proxy.store.read import reading
 from proxy.store.recorder import DatabaseRecorder
 from proxy.store.report import reprice
-from proxy.stream.batchfile import lines
+from proxy.stream.batchfile import ResultLines, lines
 
 from .. import dbs
 from ..batchkit import (
     COST_1,
     COST_2,
+    ERRORS,
     INPUT,
     INPUT_LINES,
     OUTPUT,
@@ -275,3 +276,52 @@ def test_a_batch_result_goes_to_the_record_only() -> None:
     sinks.accept(result)
     assert recorder.exchanges == [plain, result]
     assert spy.seen == [plain]
+
+
+def _seen(method: str, path: str, response: Any) -> Exchange:
+    ex = Exchange.start(method, path, "", "openai", started_at=1_764_000_000.5)
+    ex.status, ex.response_json = 200, response
+    return ex
+
+
+def test_every_answer_that_shows_a_batch_records_it() -> None:
+    """A list (`batches.list`) and a cancel show batches as retrieve does; a failed answer or
+    an omitted response shows none."""
+    batch = {"id": "batch_1", "object": "batch", "status": "cancelling", "input_file_id": "f-in",
+             "endpoint": "/v1/chat/completions", "created_at": 1_764_000_000}  # fmt: skip
+    listed = {"object": "list", "data": [batch, {**batch, "id": "batch_2", "status": "cancelled",
+              "output_file_id": "f-out"}], "has_more": False}  # fmt: skip
+    found = batch_rows(_seen("GET", "/v1/batches", listed))
+    assert found is not None
+    assert [(b["id"], b["status"], b["output_file_id"]) for b in found.batches] == [
+        ("batch_1", "cancelling", None),
+        ("batch_2", "cancelled", "f-out"),
+    ]
+    assert found.files == ["f-in", "f-in", "f-out"]
+    cancel = batch_rows(_seen("POST", "/v1/batches/batch_1/cancel", batch))
+    assert cancel is not None and cancel.batches[0]["status"] == "cancelling"
+    failed = _seen("GET", "/v1/batches/batch_1", batch)
+    failed.status = 404
+    omitted = _seen("GET", "/v1/batches/batch_1", batch)
+    omitted.omit_response = True
+    assert batch_rows(failed) is None and batch_rows(omitted) is None
+
+
+def test_result_lines_read_in_any_pieces_keep_only_the_open_line() -> None:
+    """Pieces cut anywhere, a last line without a newline, blank and broken lines: each result
+    once, in order, and no more than one unfinished line held."""
+    download = _seen("GET", "/v1/files/f-out/content", None)
+    emitted: list[Exchange] = []
+    reader = ResultLines(download, "/v1", "f-out", emitted.append, max_line_bytes=4096)
+    data = OUTPUT + b"\nnot json\n" + ERRORS.rstrip(b"\n")
+    for at in range(0, len(data), 7):
+        reader.feed(data[at : at + 7])
+        assert len(reader._tail) <= 4096
+    reader.end()
+    assert [(ex.batch_line or {}).get("custom_id") for ex in emitted] == ["r1", "r2", "r3", "r4"]
+    assert [ex.outcome for ex in emitted] == ["ok", "ok", "upstream_error", "upstream_error"]
+    assert emitted[3].error == (
+        "This request could not be executed before the completion window expired."
+    )
+    assert emitted[0].started_at == 1_764_000_001  # when the provider made it
+    assert emitted[0].path == "/v1/chat/completions" and emitted[0].upstream_request_id == "req_b1"
