@@ -15,8 +15,8 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.relay.appkeys import APP_DEFERRED, APP_DEFERRED_READS, APP_SINKS
-from proxy.relay.deferred import Deferred
 from proxy.relay.batchfile import result_lines
+from proxy.relay.deferred import Deferred
 from proxy.relay.headers import response_headers
 from proxy.relay.record import Record
 from proxy.relay.tee import StreamTee
