@@ -18,7 +18,6 @@ writer links them in the database (`batch_sql`), whenever either side arrives.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +27,6 @@ from proxy.store.engine import dumps
 from proxy.stream.batchfile import content_file, is_result, lines, text, when
 
 Row = dict[str, Any]
-_UPLOAD = re.compile(r"^(.*)/files$")
 
 
 @dataclass(slots=True)
@@ -53,7 +51,7 @@ def batch_rows(ex: Exchange) -> BatchRows | None:
     if download is not None:
         return _input_file(ex, download[1])
     if isinstance(response, dict):
-        if ex.method == "POST" and _UPLOAD.match(ex.path):
+        if ex.method == "POST" and ex.path.endswith("/files"):
             return _upload(ex, response)
         seen = [response] if response.get("object") == "batch" else _listed(response)
         if seen:
