@@ -54,13 +54,11 @@ def batch_rows(ex: Exchange) -> BatchRows | None:
         if ex.method == "POST" and ex.path.endswith("/files"):
             return _upload(ex, response)
         seen = [response] if response.get("object") == "batch" else _listed(response)
-        if seen:
-            found_rows = BatchRows(batches=[_batch(ex, b) for b in seen if _is_batch(b)])
-            for row in found_rows.batches:
-                found_rows.files += [row["input_file_id"], row["output_file_id"]]
-                found_rows.files.append(row["error_file_id"])
-            found_rows.files = [f for f in found_rows.files if f]
-            return found_rows or None
+        batches = [_batch(ex, b) for b in seen if _is_batch(b)]
+        if batches:
+            names = ("input_file_id", "output_file_id", "error_file_id")
+            files = [row[name] for row in batches for name in names if row[name]]
+            return BatchRows(batches=batches, files=files)
     return None
 
 
