@@ -233,6 +233,13 @@ async def test_reconcile_shows_what_bypassed_the_proxy(
     code, text, _ = await flightrec(*args, "--format", "csv", env=env)
     assert code == 0 and text.splitlines()[0].startswith("day,model,provider_requests")
     assert len(text.splitlines()) == 1 + len(EXPECTED)
+    # Pruned days count through their rollups: the first day pruned, the same figures.
+    prune = ("prune", "--config", config, "--before", "2026-11-21T00:00:00+00:00")
+    code, said, _ = await flightrec(*prune, env={})
+    assert code == 0 and said.startswith("pruned 4 exchanges"), said
+    code, out, err = await flightrec(*args, "--format", "json", env=env)
+    assert (code, err) == (0, "")
+    assert orjson.loads(out) == EXPECTED
 
 
 async def test_reconcile_without_the_admin_key_says_which_variable(
