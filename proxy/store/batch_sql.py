@@ -66,7 +66,8 @@ FROM (
     JOIN batch_requests q ON q.input_file_id = b.input_file_id AND q.custom_id = r.custom_id
     WHERE {column} {match}
 ) AS found
-WHERE exchanges.id = found.exchange_id AND exchanges.request IS NULL"""
+WHERE exchanges.id = found.exchange_id AND exchanges.request IS NULL
+    AND NOT exchanges.request_omitted"""
 """Results (of these exchanges, files, or batches' input files) learn their request line."""
 _LINKS = (
     (_LINK_BATCH, "exchange_id", "results"),
