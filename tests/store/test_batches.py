@@ -14,6 +14,7 @@ from typing import Any
 import openai
 import orjson
 import pytest
+from openai.types import Batch
 
 from proxy.config import Config, Upstream
 from proxy.exchange import Exchange
@@ -53,20 +54,28 @@ async def batches_upstream() -> AsyncIterator[FakeBatches]:
         yield fake
 
 
+async def submit(uploader: openai.AsyncOpenAI, batcher: openai.AsyncOpenAI) -> Batch:
+    """Upload the input file with `uploader`, create the batch and retrieve it (done, as the
+    fake does on retrieval) with `batcher`."""
+    uploaded = await uploader.files.create(file=("in.jsonl", INPUT), purpose="batch")
+    batch = await batcher.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await batcher.batches.retrieve(batch.id)
+    assert done.output_file_id is not None and done.error_file_id is not None
+    return done
+
+
 async def run_batch(client: openai.AsyncOpenAI, downloads: list[openai.AsyncOpenAI]) -> str:
     """Upload, create, retrieve, then download the output file with each of `downloads` and
     the error file once; returns the batch id."""
-    uploaded = await client.files.create(file=("in.jsonl", INPUT), purpose="batch")
-    batch = await client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    done = await client.batches.retrieve(batch.id)
-    assert done.status == "expired" and done.output_file_id and done.error_file_id
-    output_file_id = done.output_file_id
+    done = await submit(client, client)
+    assert done.status == "expired"
+    output_file_id = str(done.output_file_id)
     contents = await asyncio.gather(*(d.files.content(output_file_id) for d in downloads))
     assert all(content.content == OUTPUT for content in contents)  # passed unchanged
-    await client.files.content(done.error_file_id)
-    return batch.id
+    await client.files.content(str(done.error_file_id))
+    return done.id
 
 
 async def booked(url: str) -> list[tuple[Any, ...]]:
@@ -201,13 +210,8 @@ async def test_a_file_larger_than_the_record_keeps_is_booked_line_by_line(
         batches_upstream.url, url, tmp_path, max_record_bytes=16_384
     ) as base:
         client = sdk(base, KEY)
-        uploaded = await client.files.create(file=("in.jsonl", INPUT), purpose="batch")
-        batch = await client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        done = await client.batches.retrieve(batch.id)
-        assert done.output_file_id is not None
-        content = await client.files.content(done.output_file_id)
+        done = await submit(client, client)
+        content = await client.files.content(str(done.output_file_id))
         assert content.content == batches_upstream.output
     # 1000 in at $0.625 and 100 out at $5 per 1M: $0.000625 + $0.0005 each.
     found = await query(
@@ -230,13 +234,8 @@ async def test_an_output_file_seen_before_its_batch_is_booked_then_linked(
     direct = sdk(batches_upstream.url, KEY)
     async with recording_proxy(batches_upstream.url, db_url, tmp_path) as base_url:
         client = sdk(base_url, KEY)
-        uploaded = await client.files.create(file=("in.jsonl", INPUT), purpose="batch")
-        batch = await direct.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        done = await direct.batches.retrieve(batch.id)
-        assert done.output_file_id is not None
-        await client.files.content(done.output_file_id)
+        batch = await submit(client, direct)
+        await client.files.content(str(batch.output_file_id))
         sql = "SELECT custom_id, batch_id FROM batch_results ORDER BY 1"
         for _ in range(500):
             if len(await query(db_url, sql)) == 2:
