@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.pricing import CONFIG_FIELDS, DEFAULT_UPDATE_URL, Prices, upstream_providers
 from proxy.privacy.redact import RedactRule, parse_rules
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
@@ -53,6 +54,9 @@ class Upstream:
     prefix: str
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the key `replay` sends (keys are never stored)."""
+    provider: str | None = None
+    """The genai-prices provider whose prices apply (`none`: no genai-prices prices); None:
+    the one matching `base_url`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +109,11 @@ class Config:
     """Bodies (and choices, logprobs, raw streams) older than this many days are dropped; 0:
     kept as long as their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
-    """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; applied over the
-    shipped table by `proxy.pricing.PriceTable.load`."""
+    """`[prices."<model>"]` tables as written (USD per 1M tokens), read-only; they win over
+    genai-prices (`proxy.pricing.Prices`)."""
+    price_update: bool = False
+    """Refresh genai-prices' data in the background (no outbound call for prices when off)."""
+    price_update_url: str = DEFAULT_UPDATE_URL
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,15 +272,17 @@ KEYS: dict[str, Key] = {
     ),
     "retention_days": Key(_int, "prune exchanges older than N days, keeping cost (0: never)"),
     "retention_bodies_days": Key(_int, "drop bodies older than N days (0: with the exchange)"),
+    "price_update": Key(_bool, "refresh genai-prices' price data in the background"),
+    "price_update_url": Key(_http_url, "where price_update fetches genai-prices' data"),
 }
 FLAGS = {"db_url": "--db"}
 """Command-line flags not named after their key (the rest are `--<key>` with dashes): errors
 about a value given by flag name the flag the user typed. A command whose flags differ (the
 console's `--host` sets `console_host`) passes its own to `load`."""
-UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
+UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env", "provider")
 REDACT_KEYS = ("name", "preset", "pattern", "replace")
 """Fields of a `[[redact]]` table (`proxy.privacy.redact.parse_rules` checks them)."""
-PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
+PRICE_KEYS = (*CONFIG_FIELDS, "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
 
@@ -302,7 +311,8 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
         if not prefix.startswith("/"):
             raise ConfigError(f"{where}.prefix: must start with /, got {prefix!r}")
         api_key_env = _str(f"{where}.api_key_env", entry.get("api_key_env", "OPENAI_API_KEY"))
-        upstreams.append(Upstream(name, base_url, prefix.rstrip("/") or "/", api_key_env))
+        provider = _optional_str(f"{where}.provider", entry.get("provider", ""))
+        upstreams.append(Upstream(name, base_url, prefix.rstrip("/") or "/", api_key_env, provider))
     for key, label in (("name", "names"), ("prefix", "prefixes")):
         values = [getattr(u, key) for u in upstreams]
         if len(set(values)) != len(values):
@@ -311,15 +321,8 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
 
 
 def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
-    """The `[prices.*]` tables, checked now by building the price table they make."""
-    from proxy.pricing import PriceTable  # the shipped table is read only when prices are given
-
     if not isinstance(raw, dict):
         raise ConfigError('prices: expected tables of prices ([prices."<model>"])')
-    try:
-        PriceTable.load(raw)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     return Frozen({model: Frozen(fields) for model, fields in raw.items()})
 
 
@@ -384,6 +387,10 @@ def load(
     if rules is not None:
         config = replace(config, redact=parse_rules(rules, ConfigError))
     _check_retention(config)
+    try:  # prices and providers, checked by building the prices they make
+        Prices(config.prices, upstream_providers(config.upstreams))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"

@@ -23,14 +23,15 @@ Pure but for `PriceUpdates`, which makes outbound calls only when started.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import genai_prices
 from genai_prices import UpdatePrices, data_snapshot
 from genai_prices.types import ModelInfo, Provider, TimeOfDateConstraint
+from genai_prices.update_prices import DEFAULT_UPDATE_URL
 
 from proxy.rates import Rates, compile_rates, model_price_fields
 from proxy.usage import Usage
@@ -99,15 +100,32 @@ def config_rates(model: str, fields: Any) -> Rates:
     for name in fields:
         if name not in known:
             raise ValueError(f"{where}.{name}: unknown field (known: {', '.join(known)})")
-    for name in ("input", "output"):
-        if name not in fields:
-            raise ValueError(f"{where}.{name}: required (USD per 1M tokens)")
     prices = {
         key: _rate(f"{where}.{name}", fields[name])
         for name, key in CONFIG_FIELDS.items()
         if name in fields
     }
+    for name in ("input", "output"):
+        if name not in fields:
+            raise ValueError(f"{where}.{name}: required (USD per 1M tokens)")
     return compile_rates(prices)
+
+
+class _Upstream(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def provider(self) -> str | None: ...
+
+
+def upstream_providers(upstreams: Iterable[_Upstream]) -> dict[str, str]:
+    """Upstream name to its `provider` setting, for the upstreams that have one."""
+    return {u.name: u.provider for u in upstreams if u.provider}
+
+
+def warm() -> None:
+    """Load genai-prices' data now (a large module) rather than on the first exchange."""
+    data_snapshot.get_snapshot()
 
 
 def provider_names() -> list[str]:
@@ -117,7 +135,9 @@ def provider_names() -> list[str]:
 
 def _timed(model: ModelInfo) -> bool:
     prices = model.prices if isinstance(model.prices, list) else []
-    constraints = [p.constraint for p in prices] + [v.constraint for v in model.price_variants or ()]
+    constraints = [p.constraint for p in prices] + [
+        v.constraint for v in model.price_variants or ()
+    ]
     return any(isinstance(c, TimeOfDateConstraint) for c in constraints)
 
 
@@ -152,7 +172,7 @@ class Prices:
                 raise ValueError(f"prices: expected model names, got {model!r}")
             self._config[model] = config_rates(model, fields)
         self._lengths = sorted({len(key) for key in self._config}, reverse=True)
-        known = {*provider_names(), NO_PROVIDER}
+        known = {*provider_names(), NO_PROVIDER} if providers else set()
         for upstream, provider in (providers or {}).items():
             if provider not in known:
                 raise ValueError(
@@ -207,7 +227,8 @@ class Prices:
         return _applied(compiled, usage)
 
     def _find(self, upstream: str, base_url: str, model: str) -> _Match | Rates | None:
-        key = (upstream, base_url, model)
+        # An upstream's name stands for its URL; its paths need no lookup each.
+        key = (upstream, "" if upstream else base_url, model)
         try:
             return self._found[key]
         except KeyError:
@@ -239,11 +260,12 @@ class Prices:
             return model
         for length in self._lengths:
             # A key that itself ends in a separator ("ft:") matches whatever follows it.
-            if length < len(model) and (
-                model[length] in _BOUNDARY or model[length - 1] in _BOUNDARY
+            if (
+                length < len(model)
+                and (model[length] in _BOUNDARY or model[length - 1] in _BOUNDARY)
+                and model[:length] in self._config
             ):
-                if model[:length] in self._config:
-                    return model[:length]
+                return model[:length]
         return None
 
 
@@ -307,7 +329,7 @@ class PriceUpdates:
     """`price_update = true`: genai-prices' own background refresh of its data, in a thread
     it runs, every `interval` seconds from `url`. Nothing is fetched unless started."""
 
-    def __init__(self, url: str = genai_prices.update_prices.DEFAULT_UPDATE_URL, interval: float = 3600) -> None:
+    def __init__(self, url: str = DEFAULT_UPDATE_URL, interval: float = 3600) -> None:
         self._updater = UpdatePrices(update_interval=interval, url=url)
 
     def start(self) -> None:

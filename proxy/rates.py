@@ -49,7 +49,9 @@ _TOKEN_UNITS = {
     if unit.get("dimensions", {}).get("family") == "tokens" and unit.get("per") == _PER_TOKENS
 }
 """Price key to usage key of every token unit genai-prices knows."""
-_DIMENSIONS = {key: frozenset(unit.get("dimensions", {}).items()) for key, unit in unit_data.items()}
+_DIMENSIONS = {
+    key: frozenset(unit.get("dimensions", {}).items()) for key, unit in unit_data.items()
+}
 
 Price = Decimal | TieredPrices
 
@@ -169,7 +171,8 @@ def compile_rates(prices: Mapping[str, Any]) -> Rates:
                 coefficients[key] += rate * k
         terms = tuple((i, coefficients[key]) for i, key in enumerate(CLASSES) if coefficients[key])
         checks = tuple(
-            tuple((CLASSES.index(key), k) for key, k in leaf.items() if k) for leaf in leaves.values()
+            tuple((CLASSES.index(key), k) for key, k in leaf.items() if k)
+            for leaf in leaves.values()
         )
         bands.append(Band(max(above, -1), terms, fee, checks))
     return Rates(tuple(bands), divisor)

@@ -19,11 +19,15 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from proxy.exchange import Exchange
+from proxy.pricing import Prices
+from proxy.sinks.settle import settle
 from proxy.store import create_engine
 from proxy.store.rows import rows_for
 from proxy.store.writer import writer_for
 
 PG_ENV = "FLIGHTREC_TEST_PG_URL"
+
+PRICES = Prices()
 
 
 async def store(url: str, exchanges: list[Exchange]) -> int:
@@ -31,6 +35,9 @@ async def store(url: str, exchanges: list[Exchange]) -> int:
     engine = create_engine(url)
     writer = writer_for(engine)
     try:
+        for ex in exchanges:  # settled as `Sinks.accept` settles them, unless already
+            if ex.tokens is None and ex.cost_usd is None:
+                settle(ex, PRICES)
         return await writer.write([rows_for(ex) for ex in exchanges])
     finally:
         await writer.close()

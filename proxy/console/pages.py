@@ -113,7 +113,7 @@ async def exchange_view(request: web.Request) -> web.Response:
         answers=parts["answer"],
         logprobs=views.logprob_view(probs["choices"]),
         timeline=views.timeline(await detail.timeline(engine, shown["id"])),
-        tokens=views.tokens(shown["usage"]),
+        tokens=views.tokens(shown["tokens"]),
     )
 
 

@@ -89,28 +89,18 @@ def cut(message: dict[str, Any], full_url: str) -> None:
         message["cut"] = {"shown": SHOWN_CHARS, "total": len(text), "url": full_url}
 
 
-def tokens(usage: Any) -> dict[str, Any] | None:
-    """Prompt (cached), completion (reasoning) counts of chat or Responses API usage."""
-    if not isinstance(usage, dict):
+def tokens(found: Any) -> dict[str, Any] | None:
+    """Prompt (cached), completion (reasoning) counts as decoded when the exchange completed
+    (`show`'s `tokens`); "-" for a count the record lacks."""
+    if not isinstance(found, dict):
         return None
 
-    def count(*path: str) -> Any:
-        value: Any = usage
-        for name in path:
-            value = value.get(name) if isinstance(value, dict) else None
+    def count(name: str) -> Any:
+        value = found.get(name)
         return value if isinstance(value, int) else "-"
 
-    prompt = count("prompt_tokens") if "prompt_tokens" in usage else count("input_tokens")
-    completion = count("completion_tokens")
-    if "completion_tokens" not in usage:
-        completion = count("output_tokens")
-    cached = count("prompt_tokens_details", "cached_tokens")
-    if cached == "-":
-        cached = count("input_tokens_details", "cached_tokens")
-    reasoning = count("completion_tokens_details", "reasoning_tokens")
-    if reasoning == "-":
-        reasoning = count("output_tokens_details", "reasoning_tokens")
-    return {"prompt": prompt, "completion": completion, "cached": cached, "reasoning": reasoning}
+    names = ("prompt", "completion", "cached", "reasoning")
+    return {name: count(name) for name in names}
 
 
 def is_binary(body: Any) -> bool:

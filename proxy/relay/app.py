@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
+from proxy.pricing import Prices, PriceUpdates, upstream_providers, warm
 from proxy.privacy.keep import Keep
 from proxy.relay.appkeys import (
     APP_CONFIG,
@@ -65,6 +66,19 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SESSION].close()
 
 
+async def _price_updates(app: web.Application) -> AsyncIterator[None]:
+    """genai-prices' background refresh, only with `price_update = true`: without it the
+    proxy makes no call for prices."""
+    config = app[APP_CONFIG]
+    warm()
+    updates = PriceUpdates(config.price_update_url) if config.price_update else None
+    if updates is not None:
+        updates.start()
+    yield
+    if updates is not None:
+        updates.stop()
+
+
 async def _sinks(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SINKS].start()
     yield
@@ -77,10 +91,14 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
-    app[APP_SINKS] = Sinks([RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace)
+    prices = Prices(config.prices, upstream_providers(config.upstreams))
+    app[APP_SINKS] = Sinks(
+        [RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace, prices
+    )
     app[APP_LATER] = Later()
     app[APP_READ_LATER] = Later(READ_DELAY)
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_price_updates)
     app.cleanup_ctx.append(_sinks)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
