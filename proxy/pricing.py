@@ -96,7 +96,7 @@ def config_rates(model: str, fields: Any) -> Rates:
     where = f"prices.{model}"
     if not isinstance(fields, Mapping):
         raise ValueError(f"{where}: expected a table of prices, got {fields!r}")
-    known = [*CONFIG_FIELDS, "note"]
+    known = sorted([*CONFIG_FIELDS, "note"])
     for name in fields:
         if name not in known:
             raise ValueError(f"{where}.{name}: unknown field (known: {', '.join(known)})")
