@@ -296,7 +296,8 @@ def _compile(found: _Match, at: float, service_tier: str | None, batch: bool) ->
     # A model found through another provider's fallback list has that provider's variants.
     own = any(model is m for m in found.provider.models)
     resolved = model.get_prices(when, context if own else None)
-    source = f"{_version()} {found.provider.id}/{model.id} {_variant(model, when, context)}"
+    variant = _variant(model, when, context) if own else "standard"
+    source = f"{_version()} {found.provider.id}/{model.id} {variant}"
     try:
         return _Compiled(compile_rates(model_price_fields(resolved)), source)
     except (ValueError, KeyError):  # a price genai-prices itself would refuse
