@@ -55,8 +55,7 @@ class Upstream:
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the key `replay` sends (keys are never stored)."""
     provider: str | None = None
-    """The genai-prices provider whose prices apply (`none`: no genai-prices prices); None:
-    the one matching `base_url`."""
+    """The genai-prices provider whose prices apply (`none`: none); None: by `base_url`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,12 +325,17 @@ def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
     return Frozen({model: Frozen(fields) for model, fields in raw.items()})
 
 
-def _check_retention(config: Config) -> None:
+def _check_across(config: Config) -> None:
+    """What no one key can check: retention's two keys, prices and upstreams' providers."""
     days, bodies = config.retention_days, config.retention_bodies_days
     if days and bodies > days:
         raise ConfigError(
             f"retention_bodies_days: must not exceed retention_days ({days}), got {bodies}"
         )
+    try:
+        Prices(config.prices, upstream_providers(config.upstreams))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load(
@@ -386,11 +390,7 @@ def load(
         rules = [{"preset": name.strip()} for name in presets.split(",") if name.strip()]
     if rules is not None:
         config = replace(config, redact=parse_rules(rules, ConfigError))
-    _check_retention(config)
-    try:  # prices and providers, checked by building the prices they make
-        Prices(config.prices, upstream_providers(config.upstreams))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    _check_across(config)
     upstream_url, where = (overrides or {}).get("upstream"), "--upstream"
     if not upstream_url:
         upstream_url, where = env.get(ENV_PREFIX + "UPSTREAM"), ENV_PREFIX + "UPSTREAM"

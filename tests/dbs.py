@@ -35,9 +35,8 @@ async def store(url: str, exchanges: list[Exchange]) -> int:
     engine = create_engine(url)
     writer = writer_for(engine)
     try:
-        for ex in exchanges:  # settled as `Sinks.accept` settles them, unless already
-            if ex.tokens is None and ex.cost_usd is None:
-                settle(ex, PRICES)
+        for ex in exchanges:  # settled as `Sinks.accept` settles every exchange
+            settle(ex, PRICES)
         return await writer.write([rows_for(ex) for ex in exchanges])
     finally:
         await writer.close()

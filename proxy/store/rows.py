@@ -166,18 +166,19 @@ def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
         "parse_errors": _json(list(ex.parse_errors) or None),
         "cost_usd": _float(ex.cost_usd),
         "price_entry": _text(ex.price_entry),
-        "service_tier": _text(ex.service_tier),
         "redacted": _json(ex.redacted),
+        "service_tier": _text(ex.service_tier),
     }
 
 
 def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Row:
     """The usage as reported (`raw`) and as decoded (`tokens`: None for a shape we cannot
     read, whose columns stay empty)."""
-    row: Row = {"exchange_id": exchange_id, "raw": dumps(usage)}
+    row: Row = {"exchange_id": exchange_id}
     for column, index in _USAGE_COLUMNS:
-        value = None if tokens is None else tokens[index]
-        row[column] = _int(value)
+        if column == "cache_write_tokens":  # the columns of migration 0007 follow `raw`
+            row["raw"] = dumps(usage)
+        row[column] = None if tokens is None else _int(tokens[index])
     return row
 
 

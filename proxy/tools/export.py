@@ -71,7 +71,7 @@ def _csv_cell(value: Any) -> str:
 
 
 def csv_row(record: dict[str, Any]) -> list[str]:
-    tokens = record["tokens"] or {}
+    tokens = record.get("tokens") or {}
     values = {**record, **{k: tokens.get(k.removesuffix("_tokens")) for k in _TOKEN_CELLS}}
     return [_csv_cell(values[column]) for column in CSV_COLUMNS]
 
