@@ -241,7 +241,7 @@ def render_table(summaries: list[dict[str, Any]]) -> str:
             (
                 _local(s["started_at"]),
                 s["id"],
-                s["model"] or "-",
+                s["response_model"] or s["model"] or "-",  # the one model name
                 "-" if s["status"] is None else str(s["status"]),
                 s["outcome"] + (" stream" if s["stream"] else ""),
                 tokens,

@@ -142,7 +142,7 @@ def _usd(nano: int) -> str:
 def summary(done: Repriced) -> str:
     """What `--reprice` says: per model (dearest after first), then the total."""
     verb = "changed" if done.written else "would change (dry run: nothing written)"
-    header = ["MODEL", "EXCHANGES", "CHANGE", "OLD USD", "NEW USD", "UNPRICED OLD", "NEW"]
+    header = ["MODEL", "EXCHANGES", "CHANGED", "OLD USD", "NEW USD", "UNPRICED", "AFTER"]
     order = sorted(done.models.items(), key=lambda item: (-item[1].new_nano, item[0]))
     lines = [header]
     for name, change in [*order, ("TOTAL", done.total())]:

@@ -391,6 +391,37 @@ async def test_reprice_applies_changed_config_prices(recorded: Recorded, tmp_pat
     assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == TOTAL
 
 
+async def test_reprice_dry_run_says_what_would_change_and_writes_nothing(
+    recorded: Recorded, tmp_path: Path
+) -> None:
+    dearer = HOUSE_PRICES.replace("input = 0.5", "input = 1.0")
+    dearer += '[prices."acme-7b"]\ninput = 1\noutput = 2\n'
+    changed = write_config(tmp_path / "changed.toml", recorded.db_url, dearer)
+    before = await stored(recorded.db_url)
+    code, out, err = await flightrec("cost", "--reprice", "--dry-run", "--config", str(changed))
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0] == (
+        f"repriced {len(EXPECTED)} exchanges: 2 would change (dry run: nothing written)"
+    )
+    table = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    # house-model: 0.000165 -> 0.000265 (200 x 1.0 + 100 x 0.05 + 40 x 1.5 per 1M);
+    # acme-7b: unpriced -> 0.00007 (50 x 1 + 10 x 2 per 1M).
+    assert table["house-model"] == ["1", "1", "0.000165", "0.000265", "0", "0"]
+    assert table["acme-7b"] == ["1", "1", "0", "0.00007", "1", "0"]
+    total = TOTAL + Decimal("0.0001") + Decimal("0.00007")
+    assert table["TOTAL"] == [str(len(EXPECTED)), "2", str(TOTAL), str(total), "1", "0"]
+    assert await stored(recorded.db_url) == before  # nothing written
+    assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == TOTAL
+
+    code, _, err = await flightrec("cost", "--reprice", "--config", str(changed))
+    assert err.splitlines()[0] == f"repriced {len(EXPECTED)} exchanges: 2 changed"
+    assert err.splitlines()[2:] == lines[2:]  # the same figures, now written
+    assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == total
+    code, _, err = await flightrec("cost", "--dry-run")
+    assert code == 2 and "--dry-run goes with --reprice" in err
+
+
 async def report_rows(url: str, by: str, filters: Filters | None = None) -> list[dict[str, Any]]:
     engine = create_engine(url)
     try:
