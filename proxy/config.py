@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.pricing import CONFIG_FIELDS, DEFAULT_UPDATE_URL, Prices, upstream_providers
+from proxy.pricing import CONFIG_FIELDS, UPDATE_URL, Prices, upstream_providers
 from proxy.privacy.redact import RedactRule, parse_rules
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
@@ -112,7 +112,7 @@ class Config:
     genai-prices (`proxy.pricing.Prices`)."""
     price_update: bool = False
     """Refresh genai-prices' data in the background (no outbound call for prices when off)."""
-    price_update_url: str = DEFAULT_UPDATE_URL
+    price_update_url: str = UPDATE_URL
 
 
 @dataclass(frozen=True, slots=True)

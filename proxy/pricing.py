@@ -31,12 +31,14 @@ from typing import Any, NamedTuple, Protocol
 import genai_prices
 from genai_prices import UpdatePrices, data_snapshot
 from genai_prices.types import ModelInfo, Provider, TimeOfDateConstraint
-from genai_prices.update_prices import DEFAULT_UPDATE_URL
+from genai_prices.update_prices import DEFAULT_UPDATE_URL as _DEFAULT_UPDATE_URL
 
 from proxy.rates import Rates, compile_rates, model_price_fields
 from proxy.usage import Usage
 
 SOURCE = f"genai-prices {genai_prices.__version__}"
+UPDATE_URL: str = _DEFAULT_UPDATE_URL
+"""Where `price_update` fetches genai-prices' data by default: the file the package publishes."""
 CONFIG_FIELDS = {
     "input": "input_mtok",
     "cached_input": "cache_read_mtok",
@@ -217,8 +219,9 @@ class Prices:
         at = started_at if started_at is not None else datetime.now(UTC).timestamp()
         slot = int(at // 60) if found.timed else int(at // _DAY)
         key = (found.provider.id, found.model.id, service_tier, batch, slot)
-        compiled = self._rates.get(key, False)
-        if compiled is False:
+        try:
+            compiled = self._rates[key]
+        except KeyError:
             if len(self._rates) >= _KEPT:
                 self._rates.clear()
             compiled = self._rates[key] = _compile(found, at, service_tier, batch)
@@ -330,14 +333,14 @@ class PriceUpdates:
     """`price_update = true`: genai-prices' own background refresh of its data, in a thread
     it runs, every `interval` seconds from `url`. Nothing is fetched unless started."""
 
-    def __init__(self, url: str = DEFAULT_UPDATE_URL, interval: float = 3600) -> None:
+    def __init__(self, url: str = UPDATE_URL, interval: float = 3600) -> None:
         self._updater = UpdatePrices(update_interval=interval, url=url)
 
     def start(self) -> None:
         self._updater.start()
 
     def stop(self) -> None:
-        self._updater.stop()
+        self._updater.stop()  # type: ignore[no-untyped-call]  # genai-prices leaves it untyped
 
     def wait(self, timeout: float) -> bool:
         """Whether fresh data arrived within `timeout` seconds (raises the fetch's error)."""

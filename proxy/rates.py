@@ -89,11 +89,11 @@ class Rates:
                 break
         if usage.input_audio or usage.input_image or usage.cache_write or usage.output_image:
             for leaf in band.leaves:
-                if sum(usage[i] * k for i, k in leaf) < 0:
+                if sum((usage[i] or 0) * k for i, k in leaf) < 0:
                     return None
         total = band.fee
         for index, coefficient in band.terms:
-            total += usage[index] * coefficient
+            total += (usage[index] or 0) * coefficient
         return total, self.divisor
 
     def cost(self, usage: Usage) -> float | None:

@@ -62,7 +62,7 @@ async def answer(request: web.Request) -> web.StreamResponse:
     model = ANSWERED[body["model"]]
     if request.path == "/v1/responses":
         details = usage["prompt_tokens_details"]
-        out = {
+        out: dict[str, Any] = {
             "id": "resp_1", "object": "response", "created_at": int(time.time()),
             "status": "completed", "model": model, "service_tier": served, "output": [],
             "usage": {
@@ -206,29 +206,33 @@ def realtime(usage: RealtimeResponseUsage) -> Exchange:
 
 async def test_gpt_realtime_text_and_audio_tokens() -> None:
     text = realtime(
-        RealtimeResponseUsage(
-            input_tokens=M,
-            output_tokens=M,
-            total_tokens=2 * M,
-            input_token_details={"text_tokens": M, "audio_tokens": 0, "cached_tokens": 0},
-            output_token_details={"text_tokens": M, "audio_tokens": 0},
+        RealtimeResponseUsage.model_validate(
+            dict(
+                input_tokens=M,
+                output_tokens=M,
+                total_tokens=2 * M,
+                input_token_details={"text_tokens": M, "audio_tokens": 0, "cached_tokens": 0},
+                output_token_details={"text_tokens": M, "audio_tokens": 0},
+            )
         )
     )
     # 1M input of which 600k audio; 200k cached (150k of it audio, 50k text); 1M output of
     # which 700k audio. Leaves: 150k cached audio x 0.4 + 50k cached text x 0.4
     # + 450k audio x 32 + 350k text x 4 + 700k audio out x 64 + 300k text out x 16.
     audio = realtime(
-        RealtimeResponseUsage(
-            input_tokens=M,
-            output_tokens=M,
-            total_tokens=2 * M,
-            input_token_details={
-                "text_tokens": 400_000,
-                "audio_tokens": 600_000,
-                "cached_tokens": 200_000,
-                "cached_tokens_details": {"text_tokens": 50_000, "audio_tokens": 150_000},
-            },
-            output_token_details={"text_tokens": 300_000, "audio_tokens": 700_000},
+        RealtimeResponseUsage.model_validate(
+            dict(
+                input_tokens=M,
+                output_tokens=M,
+                total_tokens=2 * M,
+                input_token_details={
+                    "text_tokens": 400_000,
+                    "audio_tokens": 600_000,
+                    "cached_tokens": 200_000,
+                    "cached_tokens_details": {"text_tokens": 50_000, "audio_tokens": 150_000},
+                },
+                output_token_details={"text_tokens": 300_000, "audio_tokens": 700_000},
+            )
         )
     )
     recorder = MemoryRecorder()

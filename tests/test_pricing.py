@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from genai_prices import data_snapshot
 from genai_prices.data import providers
+from genai_prices.types import ModelPrice
 from genai_prices.types import Usage as GenaiUsage
 
 from proxy.pricing import Priced, Prices
@@ -212,7 +213,7 @@ def test_fresh_data_replaces_what_was_looked_up(fresh_data: None) -> None:
     model = next(m for m in cheaper[0].models if m.id == "gpt-5")
     kept = model.prices
     try:
-        model.prices = type(kept)(input_mtok=Decimal(1), output_mtok=Decimal(2))  # type: ignore[call-arg]
+        model.prices = ModelPrice(input_mtok=Decimal(1), output_mtok=Decimal(2))
         fetched = data_snapshot.DataSnapshot(cheaper, from_auto_update=True)
         fetched.timestamp = datetime(2026, 11, 27, 10, 5)
         data_snapshot.set_custom_snapshot(fetched)

@@ -23,17 +23,19 @@ def as_sent(model: Any) -> dict[str, Any]:
 
 
 def test_chat_completions_with_every_detail() -> None:
-    usage = CompletionUsage(
-        prompt_tokens=100,
-        completion_tokens=50,
-        total_tokens=150,
-        prompt_tokens_details={"cached_tokens": 30, "audio_tokens": 20},
-        completion_tokens_details={
-            "reasoning_tokens": 10,
-            "audio_tokens": 5,
-            "accepted_prediction_tokens": 2,
-            "rejected_prediction_tokens": 3,
-        },
+    usage = CompletionUsage.model_validate(
+        {
+            "prompt_tokens": 100,
+            "completion_tokens": 50,
+            "total_tokens": 150,
+            "prompt_tokens_details": {"cached_tokens": 30, "audio_tokens": 20},
+            "completion_tokens_details": {
+                "reasoning_tokens": 10,
+                "audio_tokens": 5,
+                "accepted_prediction_tokens": 2,
+                "rejected_prediction_tokens": 3,
+            },
+        }
     )
     assert decode_usage(as_sent(usage)) == Usage(
         input=100, cached=30, cache_write=0, input_audio=20, cached_audio=0, input_image=0,
@@ -48,30 +50,38 @@ def test_embeddings_have_input_only() -> None:
 
 
 def test_responses_api() -> None:
-    usage = ResponseUsage(
-        input_tokens=2000,
-        input_tokens_details={"cached_tokens": 1500, "cache_write_tokens": 400},
-        output_tokens=900,
-        output_tokens_details={"reasoning_tokens": 700},
-        total_tokens=2900,
+    usage = ResponseUsage.model_validate(
+        dict(
+            input_tokens=2000,
+            input_tokens_details={"cached_tokens": 1500, "cache_write_tokens": 400},
+            output_tokens=900,
+            output_tokens_details={"reasoning_tokens": 700},
+            total_tokens=2900,
+        )
     )
     found = decode_usage(as_sent(usage))
     assert found == Usage(2000, 1500, 400, 0, 0, 0, 0, 900, 700, 0, 0, 2900)
 
 
 def test_realtime_splits_cached_tokens_by_modality() -> None:
-    usage = RealtimeResponseUsage(
-        input_tokens=1000,
-        input_token_details={
-            "text_tokens": 300,
-            "audio_tokens": 600,
-            "image_tokens": 100,
-            "cached_tokens": 250,
-            "cached_tokens_details": {"text_tokens": 50, "audio_tokens": 150, "image_tokens": 50},
-        },
-        output_tokens=400,
-        output_token_details={"text_tokens": 100, "audio_tokens": 300},
-        total_tokens=1400,
+    usage = RealtimeResponseUsage.model_validate(
+        dict(
+            input_tokens=1000,
+            input_token_details={
+                "text_tokens": 300,
+                "audio_tokens": 600,
+                "image_tokens": 100,
+                "cached_tokens": 250,
+                "cached_tokens_details": {
+                    "text_tokens": 50,
+                    "audio_tokens": 150,
+                    "image_tokens": 50,
+                },
+            },
+            output_tokens=400,
+            output_token_details={"text_tokens": 100, "audio_tokens": 300},
+            total_tokens=1400,
+        )
     )
     assert decode_usage(as_sent(usage)) == Usage(
         input=1000, cached=250, cache_write=0, input_audio=600, cached_audio=150, input_image=100,
@@ -80,20 +90,24 @@ def test_realtime_splits_cached_tokens_by_modality() -> None:
 
 
 def test_image_generation_and_transcription_tokens() -> None:
-    image = ImageUsage(
-        input_tokens=50,
-        input_tokens_details={"text_tokens": 10, "image_tokens": 40},
-        output_tokens=4160,
-        output_tokens_details={"text_tokens": 0, "image_tokens": 4160},
-        total_tokens=4210,
+    image = ImageUsage.model_validate(
+        dict(
+            input_tokens=50,
+            input_tokens_details={"text_tokens": 10, "image_tokens": 40},
+            output_tokens=4160,
+            output_tokens_details={"text_tokens": 0, "image_tokens": 4160},
+            total_tokens=4210,
+        )
     )
     assert decode_usage(as_sent(image)) == Usage(50, 0, 0, 0, 0, 40, 0, 4160, 0, 0, 4160, 4210)
-    heard = UsageTokens(
-        type="tokens",
-        input_tokens=120,
-        input_token_details={"text_tokens": 20, "audio_tokens": 100},
-        output_tokens=30,
-        total_tokens=150,
+    heard = UsageTokens.model_validate(
+        dict(
+            type="tokens",
+            input_tokens=120,
+            input_token_details={"text_tokens": 20, "audio_tokens": 100},
+            output_tokens=30,
+            total_tokens=150,
+        )
     )
     assert decode_usage(as_sent(heard)) == Usage(120, 0, 0, 100, 0, 0, 0, 30, 0, 0, 0, 150)
 

@@ -398,7 +398,7 @@ async def test_reprice_dry_run_says_what_would_change_and_writes_nothing(
     dearer += '[prices."acme-7b"]\ninput = 1\noutput = 2\n'
     changed = write_config(tmp_path / "changed.toml", recorded.db_url, dearer)
     before = await stored(recorded.db_url)
-    code, out, err = await flightrec("cost", "--reprice", "--dry-run", "--config", str(changed))
+    code, _, err = await flightrec("cost", "--reprice", "--dry-run", "--config", str(changed))
     assert code == 0, err
     lines = err.splitlines()
     assert lines[0] == (

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.exchange import Exchange
+from proxy.sinks.settle import settle
 from proxy.store import StoreError, create_engine, pg_writer, sqlite_writer, upgrade
 from proxy.store import tables as t
 from proxy.store.browse import list_exchanges
@@ -23,7 +24,6 @@ from proxy.store.read import (
     parse_since,
     parse_tag,
 )
-from proxy.sinks.settle import settle
 from proxy.store.rows import columns, rows_for, table_rows
 from proxy.store.writer import writer_for
 from tests import dbs
