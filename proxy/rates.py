@@ -66,8 +66,10 @@ class Band:
     fee: int
     """The per-request fee, in the same units as the coefficients."""
     leaves: tuple[tuple[tuple[int, int], ...], ...]
-    """Each priced class's leaf count as (index, coefficient) terms: checked only for usage
-    with audio, image or cache-write counts, where the parts could overlap past the total."""
+    """The leaf counts, as (index, coefficient) terms, that take two or more parts from one
+    total (input less its cached and its audio tokens, ...): usage whose parts overlap past
+    that total makes one negative. A leaf that takes one part cannot be: a decoded part is
+    never more than its whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +89,9 @@ class Rates:
             if count > found.above:
                 band = found
                 break
-        if usage.input_audio or usage.input_image or usage.cache_write or usage.output_image:
-            for leaf in band.leaves:
-                if sum((usage[i] or 0) * k for i, k in leaf) < 0:
-                    return None
+        for leaf in band.leaves:
+            if sum((usage[i] or 0) * k for i, k in leaf) < 0:
+                return None
         total = band.fee
         for index, coefficient in band.terms:
             total += (usage[index] or 0) * coefficient
@@ -173,6 +174,7 @@ def compile_rates(prices: Mapping[str, Any]) -> Rates:
         checks = tuple(
             tuple((CLASSES.index(key), k) for key, k in leaf.items() if k)
             for leaf in leaves.values()
+            if sum(k < 0 for k in leaf.values()) > 1
         )
         bands.append(Band(max(above, -1), terms, fee, checks))
     return Rates(tuple(bands), divisor)

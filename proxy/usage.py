@@ -83,8 +83,13 @@ def _details(usage: Mapping[str, Any], *names: str) -> Mapping[str, Any]:
 
 
 def _part(details: Mapping[str, Any], name: str, whole: int) -> int:
-    found = _count(details.get(name)) if details else None
-    return 0 if found is None else min(found, whole)
+    """A detail's count, 0 when absent or not a count, cut to `whole`."""
+    value = details.get(name)
+    if type(value) is not int:  # nearly always an int or absent
+        value = _count(value) if value is not None else 0
+        if value is None:
+            return 0
+    return value if 0 <= value <= whole else (whole if value > whole else 0)
 
 
 def decode_usage(usage: Any) -> Usage | None:
@@ -114,27 +119,28 @@ def _decoded(
     ins: Mapping[str, Any],
     outs: Mapping[str, Any],
 ) -> Usage:
-    cached = _part(ins, "cached_tokens", total)
-    audio = _part(ins, "audio_tokens", total)
-    image = _part(ins, "image_tokens", total)
-    # Realtime splits cached tokens by modality; each split is part of both its modality
-    # and the cached tokens.
-    split = _details(ins, "cached_tokens_details") if ins else _EMPTY
-    cached_audio = min(_part(split, "audio_tokens", total), cached, audio)
-    cached_image = min(_part(split, "image_tokens", total), cached, image)
+    cached = audio = image = write = cached_audio = cached_image = 0
+    if ins:
+        cached = _part(ins, "cached_tokens", total)
+        audio = _part(ins, "audio_tokens", total)
+        image = _part(ins, "image_tokens", total)
+        write = _part(ins, "cache_write_tokens", total - cached)
+        # Realtime splits cached tokens by modality; each split is part of both its modality
+        # and the cached tokens.
+        split = ins.get("cached_tokens_details")
+        if split and _is_mapping(split):
+            cached_audio = _part(split, "audio_tokens", min(cached, audio))
+            cached_image = _part(split, "image_tokens", min(cached, image))
+    reasoning = output_audio = output_image = 0
+    accepted = rejected = None
+    if outs:
+        reasoning = _part(outs, "reasoning_tokens", output)
+        output_audio = _part(outs, "audio_tokens", output)
+        output_image = _part(outs, "image_tokens", output)
+        accepted = _count(outs.get("accepted_prediction_tokens"))
+        rejected = _count(outs.get("rejected_prediction_tokens"))
     return Usage(
-        input=total,
-        cached=cached,
-        cache_write=_part(ins, "cache_write_tokens", total - cached),
-        input_audio=audio,
-        cached_audio=cached_audio,
-        input_image=image,
-        cached_image=cached_image,
-        output=output,
-        reasoning=_part(outs, "reasoning_tokens", output),
-        output_audio=_part(outs, "audio_tokens", output),
-        output_image=_part(outs, "image_tokens", output),
-        total=_count(usage.get("total_tokens")),
-        accepted_prediction=_count(outs.get("accepted_prediction_tokens")) if outs else None,
-        rejected_prediction=_count(outs.get("rejected_prediction_tokens")) if outs else None,
-    )
+        total, cached, write, audio, cached_audio, image, cached_image,
+        output, reasoning, output_audio, output_image,
+        _count(usage.get("total_tokens")), accepted, rejected,
+    )  # fmt: skip
