@@ -99,6 +99,17 @@ def logprob_tokens(texts: list[str]) -> list[dict[str, Any]]:
     ]
 
 
+def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+    """A Chat Completions usage object as OpenAI sends it."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0},
+    }
+
+
 def chat_exchange(
     *,
     model: str = "gpt-4o-mini",

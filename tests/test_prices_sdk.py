@@ -28,6 +28,7 @@ from proxy.store.read import get_exchange, render_exchange
 from proxy.store.report import cost_report
 from tests import dbs
 from tests.conftest import FakeUpstream, ProxyFactory, Sdk
+from tests.dbs import chat_usage
 
 M = 1_000_000
 ANSWERED = {
@@ -40,16 +41,6 @@ ANSWERED = {
     "gpt-5.9-preview": "gpt-5.9-preview",
 }
 """The dated snapshot the fake upstream says answered each model asked for."""
-
-
-def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0},
-    }
 
 
 async def answer(request: web.Request) -> web.StreamResponse:

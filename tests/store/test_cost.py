@@ -32,7 +32,7 @@ from proxy.store.report import cost_report, total, usd
 from tests import dbs
 from tests.cli.test_cli_store import cli
 from tests.conftest import FakeUpstream, Sdk, completion, start_site
-from tests.dbs import chat_exchange
+from tests.dbs import chat_exchange, chat_usage
 from tests.relay.test_record_e2e import query
 from tests.stream.test_other_endpoints import RESPONSE, TEXT_PIECES, as_sse, responses_events
 from tests.streamgen import chunks_to_sse, completion_to_chunks
@@ -42,16 +42,6 @@ db_url = dbs.db_url  # fixture
 KEY_A = "sk-proj-teamAsecret0000000000AAAA"
 KEY_B = "sk-proj-teamBsecret0000000000BBBB"
 HOUSE_PRICES = '[prices."house-model"]\ninput = 0.5\ncached_input = 0.05\noutput = 1.5\n'
-
-
-def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0},
-    }
 
 
 @dataclass(frozen=True)
