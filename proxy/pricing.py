@@ -72,6 +72,8 @@ class Priced(NamedTuple):
 class _Match(NamedTuple):
     provider: Provider
     model: ModelInfo
+    name: str
+    """`provider/model`, as genai-prices names them."""
     timed: bool
     """Some price of it holds only at certain times of day: rates are kept per minute."""
 
@@ -159,15 +161,19 @@ def _variant(model: ModelInfo, at: datetime, context: Mapping[str, str]) -> str:
 class Prices:
     """genai-prices' data and config entries, with the lookups made so far."""
 
-    __slots__ = ("_config", "_found", "_lengths", "_providers", "_rates", "_snapshot")
+    __slots__ = ("_config", "_found", "_lengths", "_live", "_providers", "_rates", "_snapshot")
 
     def __init__(
         self,
         overrides: Mapping[str, Mapping[str, Any]] | None = None,
         providers: Mapping[str, str] | None = None,
+        *,
+        live: bool = False,
     ) -> None:
         """`overrides`: `[prices."<model>"]` tables; `providers`: upstream name to the
-        provider its `provider` setting names. ValueError for a bad table or provider."""
+        provider its `provider` setting names; `live`: the data may be replaced while it runs
+        (`PriceUpdates`), so look for that on every exchange. ValueError for a bad table or
+        provider."""
         self._config: dict[str, Rates] = {}
         for model, fields in (overrides or {}).items():
             if not isinstance(model, str) or not model:
@@ -182,8 +188,9 @@ class Prices:
                     f"(known: {', '.join(sorted(known))})"
                 )
         self._providers = dict(providers or {})
-        self._snapshot: object = None
-        self._found: dict[tuple[str, str, str], _Match | Rates | None] = {}
+        self._live = live
+        self._snapshot = data_snapshot.get_snapshot() if live else None
+        self._found: dict[tuple[str, str], _Match | Rates | None] = {}
         self._rates: dict[tuple[Any, ...], _Compiled | None] = {}
 
     def price(
@@ -203,43 +210,44 @@ class Prices:
         upstream's name and URL (which provider's prices apply); `service_tier`: as the
         response reports it; `started_at`: epoch seconds (which dated price applies);
         `batch`: a Batch API result."""
-        if usage is None or not isinstance(model, str) or not model:
+        if usage is None or not model or type(model) is not str:
             return None
-        snapshot = data_snapshot.get_snapshot()
-        if snapshot is not self._snapshot:
-            self._snapshot = snapshot
+        if self._live and data_snapshot.get_snapshot() is not self._snapshot:
+            self._snapshot = data_snapshot.get_snapshot()
             self._found.clear()
             self._rates.clear()
-        found = self._find(upstream, base_url, model)
+        # An upstream's name stands for its URL: its paths need no lookup each.
+        key = (upstream or base_url, model)
+        try:
+            found = self._found[key]
+        except KeyError:
+            if len(self._found) >= _KEPT:
+                self._found.clear()
+            found = self._found[key] = self._search(upstream, base_url, model)
         if found is None:
             return None
-        if isinstance(found, Rates):
+        if type(found) is Rates:
             cost = found.cost(usage)
             return None if cost is None else Priced(cost, f"config {self._config_key(model)}")
+        assert type(found) is _Match
         at = started_at if started_at is not None else datetime.now(UTC).timestamp()
         slot = int(at // 60) if found.timed else int(at // _DAY)
-        key = (found.provider.id, found.model.id, service_tier, batch, slot)
+        ready = (found.name, service_tier, batch, slot)
         try:
-            compiled = self._rates[key]
+            compiled = self._rates[ready]
         except KeyError:
             if len(self._rates) >= _KEPT:
                 self._rates.clear()
-            compiled = self._rates[key] = _compile(found, at, service_tier, batch)
+            compiled = self._rates[ready] = _compile(found, at, service_tier, batch)
         if compiled is None:
             return None
-        return _applied(compiled, usage)
-
-    def _find(self, upstream: str, base_url: str, model: str) -> _Match | Rates | None:
-        # An upstream's name stands for its URL; its paths need no lookup each.
-        key = (upstream, "" if upstream else base_url, model)
-        try:
-            return self._found[key]
-        except KeyError:
-            pass
-        if len(self._found) >= _KEPT:
-            self._found.clear()
-        found = self._found[key] = self._search(upstream, base_url, model)
-        return found
+        rates = compiled.rates
+        cost = rates.cost(usage)
+        if cost is None:
+            return None
+        if len(rates.bands) == 1:
+            return Priced(cost, compiled.source)
+        return Priced(cost, _long(compiled, usage))
 
     def _search(self, upstream: str, base_url: str, model: str) -> _Match | Rates | None:
         if (key := self._config_key(model)) is not None:
@@ -255,7 +263,9 @@ class Prices:
                 found = snapshot.find_provider_model(model, None, provider, None)
         except LookupError:
             return None
-        return _Match(found[0], found[1], _timed(found[1]))
+        provider_found, model_found = found
+        name = f"{provider_found.id}/{model_found.id}"
+        return _Match(provider_found, model_found, name, _timed(model_found))
 
     def _config_key(self, model: str) -> str | None:
         """The config entry for `model`: exact, else the longest key it continues."""
@@ -300,25 +310,19 @@ def _compile(found: _Match, at: float, service_tier: str | None, batch: bool) ->
     own = any(model is m for m in found.provider.models)
     resolved = model.get_prices(when, context if own else None)
     variant = _variant(model, when, context) if own else "standard"
-    source = f"{_version()} {found.provider.id}/{model.id} {variant}"
+    source = f"{_version()} {found.name} {variant}"
     try:
         return _Compiled(compile_rates(model_price_fields(resolved)), source)
     except (ValueError, KeyError):  # a price genai-prices itself would refuse
         return None
 
 
-def _applied(compiled: _Compiled, usage: Usage) -> Priced | None:
-    rates = compiled.rates
-    cost = rates.cost(usage)
-    if cost is None:
-        return None
-    source = compiled.source
-    if len(rates.bands) > 1:
-        for band in rates.bands:
-            if usage.input > band.above >= 0:
-                source = f"{source} >{band.above}"
-                break
-    return Priced(cost, source)
+def _long(compiled: _Compiled, usage: Usage) -> str:
+    """The source, saying which long-context threshold the prompt passed, if any."""
+    for band in compiled.rates.bands:
+        if usage.input > band.above >= 0:
+            return f"{compiled.source} >{band.above}"
+    return compiled.source
 
 
 def _version() -> str:

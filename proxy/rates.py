@@ -83,24 +83,29 @@ class Rates:
     def nanos_exact(self, usage: Usage) -> tuple[int, int] | None:
         """(amount, divisor): the cost is amount / divisor USD exactly; None when the usage's
         parts overlap past their totals, which no price can apply to."""
-        count = usage.input
-        band = self.bands[-1]
-        for found in self.bands:
-            if count > found.above:
-                band = found
-                break
+        amount = self._amount(usage)
+        return None if amount is None else (amount, self.divisor)
+
+    def cost(self, usage: Usage) -> float | None:
+        """USD for `usage`: the float nearest the exact amount (one integer division)."""
+        amount = self._amount(usage)
+        return None if amount is None else amount / self.divisor
+
+    def _amount(self, usage: Usage) -> int | None:
+        bands = self.bands
+        band = bands[0]
+        if len(bands) > 1:
+            count = usage.input
+            for band in bands:
+                if count > band.above:
+                    break
         for leaf in band.leaves:
             if sum((usage[i] or 0) * k for i, k in leaf) < 0:
                 return None
         total = band.fee
         for index, coefficient in band.terms:
             total += (usage[index] or 0) * coefficient
-        return total, self.divisor
-
-    def cost(self, usage: Usage) -> float | None:
-        """USD for `usage`: the float nearest the exact amount (one integer division)."""
-        found = self.nanos_exact(usage)
-        return None if found is None else found[0] / found[1]
+        return total
 
 
 def _places(value: Decimal) -> int:

@@ -77,19 +77,16 @@ def _details(usage: Mapping[str, Any], *names: str) -> Mapping[str, Any]:
     """The first details table of `names` the usage has; empty when none."""
     for name in names:
         found = usage.get(name)
-        if _is_mapping(found):
-            return found
+        if found is not None:
+            return found if _is_mapping(found) else _EMPTY
     return _EMPTY
 
 
-def _part(details: Mapping[str, Any], name: str, whole: int) -> int:
-    """A detail's count, 0 when absent or not a count, cut to `whole`."""
-    value = details.get(name)
-    if type(value) is not int:  # nearly always an int or absent
-        value = _count(value) if value is not None else 0
-        if value is None:
-            return 0
-    return value if 0 <= value <= whole else (whole if value > whole else 0)
+def _cut(value: Any, whole: int) -> int:
+    """A detail that is not a plain count within its whole: as a count (0 if it is none),
+    cut to the whole. The fast path (a plain int within it) is written out by the caller."""
+    found = _count(value)
+    return 0 if found is None else min(found, whole)
 
 
 def decode_usage(usage: Any) -> Usage | None:
@@ -109,38 +106,37 @@ def decode_usage(usage: Any) -> Usage | None:
         output = _count(usage.get("output_tokens")) or 0
         ins = _details(usage, "input_tokens_details", "input_token_details")
         outs = _details(usage, "output_tokens_details", "output_token_details")
-    return _decoded(usage, total, output, ins, outs)
-
-
-def _decoded(
-    usage: Mapping[str, Any],
-    total: int,
-    output: int,
-    ins: Mapping[str, Any],
-    outs: Mapping[str, Any],
-) -> Usage:
-    cached = audio = image = write = cached_audio = cached_image = 0
-    if ins:
-        cached = _part(ins, "cached_tokens", total)
-        audio = _part(ins, "audio_tokens", total)
-        image = _part(ins, "image_tokens", total)
-        write = _part(ins, "cache_write_tokens", total - cached)
-        # Realtime splits cached tokens by modality; each split is part of both its modality
-        # and the cached tokens.
-        split = ins.get("cached_tokens_details")
-        if split and _is_mapping(split):
-            cached_audio = _part(split, "audio_tokens", min(cached, audio))
-            cached_image = _part(split, "image_tokens", min(cached, image))
-    reasoning = output_audio = output_image = 0
-    accepted = rejected = None
-    if outs:
-        reasoning = _part(outs, "reasoning_tokens", output)
-        output_audio = _part(outs, "audio_tokens", output)
-        output_image = _part(outs, "image_tokens", output)
-        accepted = _count(outs.get("accepted_prediction_tokens"))
-        rejected = _count(outs.get("rejected_prediction_tokens"))
+    # Each detail: a plain int within its whole (nearly always), else `_cut`.
+    get = ins.get
+    cached = get("cached_tokens", 0)
+    if type(cached) is not int or not 0 <= cached <= total:
+        cached = _cut(cached, total)
+    audio = get("audio_tokens", 0)
+    if type(audio) is not int or not 0 <= audio <= total:
+        audio = _cut(audio, total)
+    image = get("image_tokens", 0)
+    if type(image) is not int or not 0 <= image <= total:
+        image = _cut(image, total)
+    write = get("cache_write_tokens", 0)
+    if type(write) is not int or not 0 <= write <= total - cached:
+        write = _cut(write, total - cached)
+    cached_audio = cached_image = 0
+    split = get("cached_tokens_details")
+    if split is not None and _is_mapping(split):  # Realtime: cached tokens by modality
+        cached_audio = _cut(split.get("audio_tokens"), min(cached, audio))
+        cached_image = _cut(split.get("image_tokens"), min(cached, image))
+    get = outs.get
+    reasoning = get("reasoning_tokens", 0)
+    if type(reasoning) is not int or not 0 <= reasoning <= output:
+        reasoning = _cut(reasoning, output)
+    output_audio = get("audio_tokens", 0)
+    if type(output_audio) is not int or not 0 <= output_audio <= output:
+        output_audio = _cut(output_audio, output)
+    output_image = get("image_tokens", 0)
+    if type(output_image) is not int or not 0 <= output_image <= output:
+        output_image = _cut(output_image, output)
     return Usage(
         total, cached, write, audio, cached_audio, image, cached_image,
-        output, reasoning, output_audio, output_image,
-        _count(usage.get("total_tokens")), accepted, rejected,
+        output, reasoning, output_audio, output_image, _count(usage.get("total_tokens")),
+        _count(get("accepted_prediction_tokens")), _count(get("rejected_prediction_tokens")),
     )  # fmt: skip

@@ -206,7 +206,7 @@ def fresh_data() -> Iterator[None]:
 
 
 def test_fresh_data_replaces_what_was_looked_up(fresh_data: None) -> None:
-    prices = Prices()
+    prices = Prices(live=True)
     before = prices.price(tokens(M, M), "gpt-5", base_url=OPENAI, started_at=NOW)
     assert before == (11.25, "genai-prices 0.2.3 openai/gpt-5 standard")
     cheaper = [p for p in providers if p.id == "openai"]

@@ -91,7 +91,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
-    prices = Prices(config.prices, upstream_providers(config.upstreams))
+    prices = Prices(config.prices, upstream_providers(config.upstreams), live=config.price_update)
     app[APP_SINKS] = Sinks(
         [RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace, prices
     )

@@ -174,16 +174,20 @@ def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
 def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Row:
     """The usage as reported (`raw`) and as decoded (`tokens`: None for a shape we cannot
     read, whose columns stay empty)."""
+    values = _NO_TOKENS if tokens is None else tokens
     row: Row = {"exchange_id": exchange_id}
     for column, index in _USAGE_COLUMNS:
-        if column == "cache_write_tokens":  # the columns of migration 0007 follow `raw`
-            row["raw"] = dumps(usage)
-        row[column] = None if tokens is None else _int(tokens[index])
+        if index < 0:
+            row[column] = dumps(usage)
+            continue
+        value = values[index]
+        # Decoded counts are never negative; one past the column's range is not kept.
+        row[column] = value if value is None or value < _INT32 else None
     return row
 
 
 _USAGE_COLUMNS = tuple(
-    (column, Usage._fields.index(name))
+    (column, Usage._fields.index(name) if name else -1)
     for column, name in (
         ("prompt_tokens", "input"),
         ("completion_tokens", "output"),
@@ -194,6 +198,7 @@ _USAGE_COLUMNS = tuple(
         ("completion_audio_tokens", "output_audio"),
         ("accepted_prediction_tokens", "accepted_prediction"),
         ("rejected_prediction_tokens", "rejected_prediction"),
+        ("raw", ""),
         ("cache_write_tokens", "cache_write"),
         ("cached_audio_tokens", "cached_audio"),
         ("prompt_image_tokens", "input_image"),
@@ -201,7 +206,8 @@ _USAGE_COLUMNS = tuple(
         ("completion_image_tokens", "output_image"),
     )
 )
-"""`usage` columns and the `Usage` field each holds."""
+"""`usage` columns, in the table's order, and the `Usage` field each holds (`raw`: -1)."""
+_NO_TOKENS = (None,) * len(Usage._fields)
 
 
 def _is_chat_completion(response: dict[str, Any]) -> bool:
