@@ -55,6 +55,9 @@ TARGETS = (
 BASE: Path | None = None
 """`--base DIR`: another checkout (e.g. main) that the `base-*` targets run, for an A/B of a
 change in one run; the `base-*` targets are added beside each `flightrec-*` target chosen."""
+CONFIG: Path | None = None
+"""`--config F`: the config file the `flightrec-*` targets serve with (not the `base-*` ones),
+e.g. alerts and budgets evaluated against the same checkout without them."""
 MEASURES = (
     "latency",
     "ttfb",
@@ -166,6 +169,8 @@ def flightrec_target(
         code = BASE if name.startswith("base-") and BASE is not None else HERE.parent
     env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(code)}
     env["FLIGHTREC_CONSOLE_PORT"] = "0"  # the bench measures the proxy; targets run side by side
+    if CONFIG is not None and not name.startswith("base-"):
+        env["FLIGHTREC_CONFIG"] = str(CONFIG.resolve())
     return Target(name, about, argv, port, env, str(home), ready_path="/healthz")
 
 
@@ -526,6 +531,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--base", type=Path, help="another checkout to A/B against (adds base-* targets)"
     )
+    parser.add_argument("--config", type=Path, help="config file of the flightrec-* targets")
     return parser.parse_args(argv)
 
 
@@ -547,8 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         "c1": args.c1,
     }
     plan = replace(plan, **{k: v for k, v in overrides.items() if v is not None})
-    global BASE
-    BASE = args.base
+    global BASE, CONFIG
+    BASE, CONFIG = args.base, args.config
     chosen = args.targets
     if BASE is not None:
         chosen += "," + chosen.replace("flightrec-sqlite", "base-sqlite").replace(

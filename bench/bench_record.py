@@ -1,23 +1,36 @@
 """Recording throughput: exchanges per second written by the database recorder.
 
     python -m bench.bench_record [--pg postgresql+asyncpg://user@host/db] [--count N]
+        [--engine sqlite|postgresql] [--workload plain|logprobs] [--rounds R] [--base DIR]
 
 For each engine (a SQLite file in a temporary directory; PostgreSQL when `--pg` is given, in a
 throwaway database created next to the one named and dropped afterwards) and each workload
 (plain chat completions; chat completions with 100 logprob tokens, 5 top_logprobs each), it
 records N exchanges through `DatabaseRecorder.record()` as the relay does and times until
 `close()` has written them all: queue, batching, row building, the transactions. It also
-reports what `record()` costs the relay per call. Goals: >= 3,000 plain/s, >= 300/s with
-logprobs, on each engine.
+reports what `record()` costs the relay per call and the recording process's own CPU per
+exchange (the database server's, for PostgreSQL, is not in it).
+
+Each measure runs in a fresh process. With `--base DIR` every measure runs for DIR's checkout
+too, this checkout and DIR alternating, `--rounds` times, and the medians and their ratio are
+printed: an A/B in one run on a machine whose load moves. Goals (issue 36): >= 20,000 plain/s
+on each engine, with logprobs >= 2,000/s on SQLite and >= 3,000/s on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +44,16 @@ from proxy.exchange import Exchange
 from proxy.store import upgrade
 from proxy.store.recorder import DatabaseRecorder
 
-GOALS = {"plain": 3000, "logprobs": 300}
+ROOT = Path(__file__).resolve().parent.parent
+
+GOALS = {
+    ("sqlite", "plain"): 20_000,
+    ("sqlite", "logprobs"): 2_000,
+    ("postgresql", "plain"): 20_000,
+    ("postgresql", "logprobs"): 3_000,
+}
+WORKLOADS = {"plain": 0, "logprobs": 100}
+"""Logprob tokens per exchange."""
 
 
 def exchange(logprob_tokens: int) -> Exchange:
@@ -88,62 +110,130 @@ def exchange(logprob_tokens: int) -> Exchange:
     return ex
 
 
-async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> tuple[float, float]:
-    """(exchanges written per second, microseconds per record() call)."""
+async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> dict[str, float]:
+    """Exchanges written per second, microseconds per record() call, CPU ms per exchange."""
     exchanges = [exchange(logprob_tokens) for _ in range(count)]
     config = replace(
         Config(), db_url=url, spool_path=str(spool), queue_size=count, shutdown_grace=600.0
     )
     recorder = DatabaseRecorder(config)
     await recorder.start()
+    cpu = time.process_time()
     begin = time.perf_counter()
     for ex in exchanges:
-        recorder.record(ex)
+        recorder.accept(ex)
     recorded = time.perf_counter()
-    await recorder.close()
+    await recorder.stop()
     end = time.perf_counter()
-    return count / (end - begin), (recorded - begin) / count * 1e6
+    return {
+        "per_s": count / (end - begin),
+        "record_us": (recorded - begin) / count * 1e6,
+        "cpu_ms": (time.process_time() - cpu) / count * 1e3,
+    }
 
 
-async def run_engine(name: str, url: str, count: int, spool: Path) -> list[dict[str, Any]]:
-    await upgrade(url)
-    results = []
-    for workload, tokens, n in (("plain", 0, count), ("logprobs", 100, max(count // 5, 200))):
-        rate, per_call = await measure(url, spool, n, tokens)
-        goal = GOALS[workload]
-        results.append({"engine": name, "workload": workload, "exchanges": n, "per_s": rate})
-        verdict = "ok" if rate >= goal else f"BELOW GOAL {goal}/s"
-        print(
-            f"{name:<10} {workload:<9} {n:>6} exchanges  {rate:>9,.0f}/s  "
-            f"record() {per_call:5.1f} us  {verdict}",
-            flush=True,
-        )
-    return results
+def counted(workload: str, count: int) -> int:
+    """Exchanges a measure writes: fewer with logprobs, each is a hundred rows more."""
+    return count if workload == "plain" else max(count // 5, 200)
 
 
-async def with_pg_database(base: str, count: int, spool: Path) -> None:
+async def one(engine: str, workload: str, count: int, pg: str | None) -> dict[str, float]:
+    """One measure against a fresh database, in this process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spool = Path(tmp) / "bench.spool"
+        if engine == "sqlite":
+            url = f"sqlite+aiosqlite:///{tmp}/bench.db"
+            await upgrade(url)
+            return await measure(url, spool, counted(workload, count), WORKLOADS[workload])
+        if pg is None:
+            raise SystemExit("postgresql needs --pg")
+        async with pg_database(pg) as url:
+            await upgrade(url)
+            return await measure(url, spool, counted(workload, count), WORKLOADS[workload])
+
+
+@contextlib.asynccontextmanager
+async def pg_database(base: str) -> AsyncIterator[str]:
+    """A throwaway database next to `base`'s, dropped afterwards."""
     url = make_url(base)
     admin = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(False))
     name = f"flightrec_bench_{uuid.uuid4().hex[:10]}"
     await admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        await run_engine("postgresql", url.set(database=name).render_as_string(False), count, spool)
+        yield url.set(database=name).render_as_string(False)
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
 
 
-async def main() -> None:
+def run_one(checkout: Path, engine: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measure in a fresh process running `checkout`'s code."""
+    command = [sys.executable, "-m", "bench.bench_record", "--one", engine, workload]
+    command += ["--count", str(args.count)] + (["--pg", args.pg] if args.pg else [])
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(
+        command, cwd=checkout, env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{checkout}: {engine} {workload} failed:\n{done.stderr[-2000:]}")
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def line(label: str, engine: str, workload: str, found: dict[str, float], n: int) -> str:
+    goal = GOALS[(engine, workload)]
+    verdict = "ok" if found["per_s"] >= goal else f"BELOW GOAL {goal:,}/s"
+    return (
+        f"{label:<8} {engine:<10} {workload:<9} {n:>6} exchanges  {found['per_s']:>9,.0f}/s  "
+        f"record() {found['record_us']:5.1f} us  CPU {found['cpu_ms']:6.3f} ms/exchange  "
+        f"{verdict}"
+    )
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pg", help="postgresql+asyncpg:// URL of a server to bench on")
     parser.add_argument("--count", type=int, default=20_000, help="plain exchanges per run")
+    parser.add_argument("--engine", choices=("sqlite", "postgresql"), action="append")
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), action="append")
+    parser.add_argument("--rounds", type=int, default=1, help="measures of each, alternated")
+    parser.add_argument("--base", type=Path, help="another checkout to measure alternately")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        spool = Path(tmp) / "bench.spool"
-        await run_engine("sqlite", f"sqlite+aiosqlite:///{tmp}/bench.db", args.count, spool)
-        if args.pg:
-            await with_pg_database(args.pg, args.count, spool)
+    if args.one:
+        engine, workload = args.one
+        print(json.dumps(asyncio.run(one(engine, workload, args.count, args.pg))))
+        return
+    engines = args.engine or (["sqlite", "postgresql"] if args.pg else ["sqlite"])
+    checkouts = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
+    for engine in engines:
+        for workload in args.workload or list(WORKLOADS):
+            n = counted(workload, args.count)
+            seen: dict[str, list[dict[str, float]]] = {label: [] for label, _ in checkouts}
+            for turn in range(args.rounds):
+                order = checkouts if turn % 2 == 0 else checkouts[::-1]
+                for label, checkout in order:
+                    found = run_one(checkout, engine, workload, args)
+                    seen[label].append(found)
+                    print(line(label, engine, workload, found, n), flush=True)
+            summary(engine, workload, n, seen)
+
+
+def summary(engine: str, workload: str, n: int, seen: dict[str, list[dict[str, float]]]) -> None:
+    medians = {
+        label: {key: statistics.median(f[key] for f in found) for key in found[0]}
+        for label, found in seen.items()
+    }
+    for label, found in medians.items():
+        print(line(f"med {label}", engine, workload, found, n))
+    if "base" in medians:
+        this, base = medians["this"], medians["base"]
+        print(
+            f"{'':<8} {engine:<10} {workload:<9} this/base: {this['per_s'] / base['per_s']:.2f}x "
+            f"the rate, {this['cpu_ms'] / base['cpu_ms']:.2f}x the CPU per exchange",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

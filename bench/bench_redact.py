@@ -4,7 +4,7 @@ without rules.
     python -m bench.bench_redact [--repeat 7] [--count 300]
 
 The step runs once per exchange when its record is completed (`record.conclude`, deferred by
-`Later`), on the event loop's thread but never before the client's first byte. Workloads are
+`Deferred`), on the event loop's thread but never before the client's first byte. Workloads are
 the recorder bench's exchanges (`bench_record.exchange`): a plain chat completion (~1.5 KB of
 request and answer), the same streamed in 100 events whose raw bytes were kept (~24 KB), one
 with 100 logprob tokens (5 alternatives each, ~40 KB), and the plain one with an e-mail

@@ -1,10 +1,11 @@
 """What the SQLite recorder costs per exchange on the event loop's thread: building its rows
 (`rows_for`) and writing them (`SqliteWriter.write`), CPU time, batches as the recorder takes.
 
-    python -m bench.bench_write [--batch 200] [--batches 15]
+    python -m bench.bench_write [--batch 200] [--batches 15] [--logprobs 100]
     PYTHONPATH=<other checkout> python bench/bench_write.py   # the same, for that checkout
 
-The exchange is the recorder bench's plain chat completion (`bench_record.exchange`). The
+The exchange is the recorder bench's chat completion (`bench_record.exchange`), plain or with
+`--logprobs` tokens. The
 writer's figure includes the stored-ids check, the INSERTs and what they bind, and the turns
 it gives the loop; COMMIT runs on a worker thread and counts too (`time.process_time`). Run it
 alternately from two checkouts to compare them (docs/performance.md, the recorder's writer).
@@ -33,7 +34,7 @@ def _rows_for() -> Callable[..., Any]:
         return importlib.import_module("proxy.store.write").rows_for  # type: ignore[no-any-return]
 
 
-async def measure(batch: int, batches: int) -> tuple[float, float]:
+async def measure(batch: int, batches: int, logprobs: int = 0) -> tuple[float, float]:
     """(µs to build the rows, µs to write them) per exchange; the first two batches warm up."""
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "bench.db")
@@ -43,7 +44,7 @@ async def measure(batch: int, batches: int) -> tuple[float, float]:
         rows_for = _rows_for()
         try:
             for i in range(batches + 2):
-                exchanges = [exchange(0) for _ in range(batch)]
+                exchanges = [exchange(logprobs) for _ in range(batch)]
                 began = time.process_time()
                 rows = [rows_for(ex) for ex in exchanges]
                 built = time.process_time()
@@ -61,8 +62,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=200, help="exchanges a batch")
     parser.add_argument("--batches", type=int, default=15, help="batches measured")
+    parser.add_argument("--logprobs", type=int, default=0, help="logprob tokens an exchange")
     args = parser.parse_args()
-    build, write = asyncio.run(measure(args.batch, args.batches))
+    build, write = asyncio.run(measure(args.batch, args.batches, args.logprobs))
     print(f"rows_for {build:.2f} µs an exchange, SqliteWriter.write {write:.2f} µs")
 
 

@@ -88,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="base URL, e.g. http://h:p/v1")
+    parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
     args = parser.parse_args(argv)
     web.run_app(
         build_app(args.upstream),
         host=args.host,
         port=args.port,
+        reuse_port=args.reuse_port or None,
         access_log=None,
         print=None,
     )

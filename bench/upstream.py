@@ -243,9 +243,11 @@ class MockProtocol(asyncio.Protocol):
         pacer.add(self, rest)
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, reuse_port: bool = False) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(MockProtocol, host, port, backlog=4096)
+    server = await loop.create_server(
+        MockProtocol, host, port, backlog=4096, reuse_port=reuse_port or None
+    )
     async with server:
         await server.serve_forever()
 
@@ -254,9 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fast mock OpenAI upstream for the bench.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
+    parser.add_argument("--chunks", type=int, default=Settings.chunks, help="events a stream")
+    parser.add_argument("--interval-ms", type=float, default=Settings.interval_ms)
     args = parser.parse_args(argv)
+    # Set here for processes sharing a port: `/__bench/stream` reaches only one of them.
+    Settings.chunks, Settings.interval_ms = args.chunks, args.interval_ms
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port))
+        asyncio.run(serve(args.host, args.port, args.reuse_port))
     return 0
 
 

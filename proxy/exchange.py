@@ -1,7 +1,7 @@
 """The exchange: one request through the proxy and everything that happened to it.
 
 An `Exchange` is created when a request arrives (`forward.py`), filled in as the response
-streams through, and handed whole to the sinks at the end (`sinks.py`), whatever the outcome.
+streams through, and handed whole to the sinks at the end (`sinks/fanout.py`), whatever the outcome.
 The store writes it to rows and reads rows back into the same shape for `logs`, `show` and
 `replay`.
 """
@@ -49,8 +49,8 @@ def new_id() -> str:
 
     Within one millisecond the 12-bit `rand_a` field counts up (RFC 9562, method 1), so ids
     minted by one process sort in minting order; 62 random bits keep processes apart. Ids are
-    minted on the event loop's thread only, so no lock. Formatted directly: building a
-    `uuid.UUID` cost more than the rest of the function.
+    minted on the event loop's thread only, so no lock. Formatted directly, without building a
+    `uuid.UUID`: an id is minted per request.
     """
     return format_id(id_place())
 
@@ -125,6 +125,10 @@ class Exchange:
     user: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     replay_of: str | None = None
+    session: str | None = None
+    """The session the exchange belongs to (SPEC sections 8 and 11): every response of one
+    WebSocket connection shares its id, as do the exchanges a client groups with
+    `X-Flightrec-Session`, a Responses `previous_response_id` chain, or a continued chat."""
     usage: dict[str, Any] | None = None
     usage_source: UsageSource | None = None
     """Where `usage` came from; None for endpoints that never report usage."""

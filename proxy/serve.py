@@ -1,4 +1,4 @@
-"""serve: the relay, its sinks, the console and retention, until SIGTERM or SIGINT."""
+"""serve: the relay, its sinks, the console, retention and alerts, until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -7,13 +7,20 @@ import logging
 
 from aiohttp import web
 
+from proxy.alerts.watch import Watcher
+from proxy.alerts.watch import background as alerts_background
 from proxy.config import Config
-from proxy.console import start_console
+from proxy.console import listen, start_console
 from proxy.relay.app import build_app, make_runner
+from proxy.relay.appkeys import APP_BLOCKED, APP_IN_FLIGHT
+from proxy.relay.inflight import stop_relay
+from proxy.relay.websocket import APP_WS_SESSIONS
 from proxy.sinks.fanout import Recorder, Sink
 from proxy.sinks.metrics import MetricsSink
 from proxy.sinks.otlp import OtlpExporter
+from proxy.sinks.wsmetrics import watch as watch_websockets
 from proxy.stopping import until_stopped
+from proxy.store.ahead import keep_ahead
 from proxy.store.recorder import open_recorder
 from proxy.store.retention import background
 
@@ -26,7 +33,7 @@ def _tune_gc() -> None:
     Everything alive after start-up (SQLAlchemy, alembic, aiohttp and their caches) lives as
     long as the process: `gc.freeze()` takes it out of every later collection. Each exchange
     allocates many short-lived containers, so young collections run every 20,000 allocations
-    instead of 700.
+    (Python's default is 700).
     """
     gc.collect()
     gc.freeze()
@@ -44,13 +51,33 @@ async def run(
     if config.otlp_endpoint:
         sinks.append(OtlpExporter(config, dropped=metrics.spans_dropped))
     app = build_app(config, recorder, sinks=sinks)
+    watch_websockets(metrics.registry, app[APP_WS_SESSIONS])
+    if config.db_url.startswith("postgresql"):
+        app.cleanup_ctx.append(keep_ahead(config))
     if config.retention_days or config.retention_bodies_days:
         app.cleanup_ctx.append(background(config))
+    if config.alerts or config.budgets:
+        watcher = Watcher(config, app[APP_BLOCKED], metrics.registry)
+        app.cleanup_ctx.append(alerts_background(watcher, config.db_url))
     runner = make_runner(app, config)
     _tune_gc()
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
-    await site.start()
+    # A burst of new connections waits in the kernel's accept queue until the loop takes it;
+    # aiohttp's default of 128 overflows, and the kernel then drops connections that clients
+    # retry seconds later. Past `max_connections` they are answered 503 (`relay.load`). The
+    # kernel caps the queue at net.core.somaxconn.
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        backlog=config.max_connections,
+        reuse_port=reuse_port or None,
+    )
+    try:
+        await listen(site, "port (--port)")
+    except BaseException:
+        await runner.cleanup()
+        raise
     # the console has its own listener: console_host:console_port
     try:
         console = await start_console(config, metrics, wait_for_database=True)
@@ -67,6 +94,6 @@ async def run(
         await until_stopped()
         log.info("stopping: finishing in-flight exchanges (up to %.0fs)", config.shutdown_grace)
     finally:
+        await stop_relay(runner, app[APP_IN_FLIGHT], config.shutdown_grace)
         if console is not None:
             await console.cleanup()
-        await runner.cleanup()

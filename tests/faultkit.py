@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 import orjson
+import pytest
 from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +147,17 @@ async def _serve_upstream(port: int) -> None:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     await asyncio.Event().wait()
+
+
+UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:1/none"
+"""Nothing listens on port 1: every connection is refused, as to a PostgreSQL that is down."""
+
+
+@pytest.fixture
+def upstream_fixture() -> Iterator[str]:
+    """The upstream's base URL while its process runs, for one test."""
+    with upstream_process() as url:
+        yield url
 
 
 @contextlib.contextmanager
@@ -284,11 +296,12 @@ class Serve:
         self.stop()
         self.held.close()
 
-    async def readyz(self) -> tuple[int, str]:
+    async def readyz(self, path: str = "/readyz") -> tuple[int, str]:
+        """`/readyz` (or the stricter `/readyz/db`): status and body."""
         timeout = aiohttp.ClientTimeout(total=2)
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.get(self.url + "/readyz") as response,
+            session.get(self.url + path) as response,
         ):
             return response.status, await response.text()
 

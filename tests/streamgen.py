@@ -77,9 +77,10 @@ def _choice_chunks(choice: Json, rng: random.Random) -> list[Json]:
     """The chunk-level `choices` entries that stream one choice."""
     message = choice["message"]
     first: Json = {"role": message.get("role", "assistant")}
-    # OpenAI's first delta names the fields that will stay null.
+    # OpenAI's first delta names the fields that will stay null (a key the message lacks
+    # is one the stream never carried).
     for key in ("content", "refusal"):
-        if message.get(key) is None and rng.random() < 0.5:
+        if key in message and message[key] is None:
             first[key] = None
     deltas: list[Json] = [first]
     for key, piece in _delta_fragments(message, rng):

@@ -1,5 +1,6 @@
-"""Every module in proxy/ stays readable: at most 400 lines, no function over 60, and no
-measurements (they go stale: docs/performance.md keeps them, the code keeps the reason)."""
+"""Every module in proxy/ stays readable: at most 400 lines, no function over 60, no
+measurements (they go stale: docs/performance.md keeps them, the code keeps the reason), and
+no history or comparisons in comments."""
 
 import ast
 import re
@@ -50,3 +51,25 @@ def test_no_measurements_in_the_code() -> None:
             if MEASUREMENT.search(line):
                 offenders.append(f"{_name(path)}:{number}: {line.strip()}")
     assert not offenders, "figures belong in docs/performance.md:\n" + "\n".join(offenders)
+
+
+COMPARISON = re.compile(
+    r"\b(twice|thrice|\w+ times) (as )?(fast|slow|quick|cheap)"
+    r"|\b(ten|hundred|\d+) ?(times|x) (faster|slower|cheaper|quicker)"
+    r"|\b(far|much) (cheaper|faster|slower)\b"
+    r"|\bit replaces\b|\bcost more than\b|\bthe sum it\b",
+    re.IGNORECASE,
+)
+"""History and comparisons: they say what the code was or how it measured, not why it is so
+(docs/performance.md and the commit log keep those)."""
+
+
+def test_no_history_or_comparisons_in_comments() -> None:
+    offenders = []
+    for path in _modules():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if COMPARISON.search(line):
+                offenders.append(f"{_name(path)}:{number}: {line.strip()}")
+    assert not offenders, "say why, not what it replaced or how much faster:\n" + "\n".join(
+        offenders
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.alert_rules import ALERT_KEYS, BUDGET_KEYS
 from proxy.config import (
     KEYS,
     PRICE_KEYS,
@@ -34,7 +35,11 @@ def test_every_key_is_documented_in_the_example() -> None:
     assert set(REDACT_KEYS) <= documented
     assert re.search(r'^#?\s*\[prices\."[^"]+"\]$', text, flags=re.MULTILINE), "no [prices.x]"
     assert re.search(r"^# \[\[redact\]\]$", text, flags=re.MULTILINE), "no [[redact]]"
+    assert set(ALERT_KEYS) | set(BUDGET_KEYS) <= documented
+    for table in ("alerts", "budgets"):
+        assert re.search(rf"^# \[\[{table}\]\]$", text, flags=re.MULTILINE), f"no [[{table}]]"
     known = set(KEYS) | set(UPSTREAM_KEYS) | set(PRICE_KEYS) | set(REDACT_KEYS)
+    known |= set(ALERT_KEYS) | set(BUDGET_KEYS)
     assert documented <= known, f"the example names unknown keys: {documented - known}"
 
 

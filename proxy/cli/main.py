@@ -1,7 +1,7 @@
 """The `flightrec` command line. Thin: each command parses flags and calls into the modules.
 
-This module holds the group and the serving commands (`serve`, `console`, `replay`,
-`playback`); the database commands are in `proxy/cli/store.py`, the shared flags in
+This module holds the group and the serving commands (`serve`, `console`, `health`,
+`replay`, `playback`); the database commands are in `proxy/cli/store.py`, the shared flags in
 `proxy/cli/options.py`.
 
 Every error a user can cause (bad config, unknown id, unreachable database) becomes one line on
@@ -19,6 +19,7 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from proxy.cli import store as cli_store
+from proxy.cli.alerts import alerts
 from proxy.cli.options import (
     config_option,
     db_option,
@@ -30,6 +31,7 @@ from proxy.cli.options import (
     tag_option,
     user_errors,
 )
+from proxy.health import check
 from proxy.logs import log_to_stderr
 
 
@@ -73,6 +75,9 @@ def main() -> None:
 @click.option("--upstream", default=None, help="Base URL of the first upstream.")
 @db_option
 @click.option("--workers", default=None, type=int, help="Processes sharing the port (default 1).")
+@click.option(
+    "--console-port", default=None, type=int, help="Port of the console (default 8081; 0: none)."
+)
 @user_errors
 def serve(
     config_path: str | None,
@@ -81,11 +86,13 @@ def serve(
     upstream: str | None,
     db_url: str | None,
     workers: int | None,
+    console_port: int | None,
 ) -> None:
-    """Run the proxy."""
+    """Run the proxy (and the console beside it)."""
     cfg = load_config(
-        config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers
-    )
+        config_path, host=host, port=port, upstream=upstream, db_url=db_url, workers=workers,
+        console_port=console_port,
+    )  # fmt: skip
     from proxy.console.auth import check_bind
 
     check_bind(cfg.console_host if cfg.console_port else "127.0.0.1", cfg.console_token)
@@ -116,6 +123,22 @@ def console(
     check_bind(cfg.console_host, cfg.console_token, "--host" if host is not None else None)
     log_to_stderr(cfg.log_level)
     asyncio.run(run_console(cfg))
+
+
+@main.command()
+@config_option
+@click.option("--host", default=None, help="The address serve listens on (default 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="The port serve listens on (default 8080).")
+@click.option("--ready", is_flag=True, help="Ask /readyz (records flow) instead of /healthz (up).")
+@click.option("--timeout", default=5.0, type=float, show_default=True, help="Seconds to wait.")
+@user_errors
+def health(
+    config_path: str | None, host: str | None, port: int | None, ready: bool, timeout: float
+) -> None:
+    """Ask the proxy this config describes whether it is up; exit 0 if so, else 1."""
+    found = check(load_config(config_path, host=host, port=port), ready=ready, timeout=timeout)
+    click.echo(found.line, err=not found.ok)
+    raise SystemExit(0 if found.ok else 1)
 
 
 # --- `replay`, `playback` (thin; the work is in proxy/tools/replay.py and playback.py) ---
@@ -150,6 +173,9 @@ def _parse_match(value: str) -> tuple[str, ...]:
 @click.option(
     "--limit", default=None, type=click.IntRange(min=1), help="Select: the newest N (default 10)."
 )
+@click.option(
+    "--allow-redacted", is_flag=True, help="Replay exchanges [[redact]] rules matched, as stored."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of comparisons.")
 @db_option
 @user_errors
@@ -165,6 +191,7 @@ def replay(
     from_model: str | None,
     tags: list[tuple[str, str]],
     limit: int | None,
+    allow_redacted: bool,
     as_json: bool,
     db_url: str | None,
 ) -> None:
@@ -180,7 +207,9 @@ def replay(
             "give exchange IDs, or select with --since/--from-model/--tag/--limit"
         )
     filters = scan_filters(since, None, from_model, tags, limit or 10, True) if selecting else None
-    options = replay_mod.ReplayOptions(model, upstream_name, stream, concurrency, api_key_env)
+    options = replay_mod.ReplayOptions(
+        model, upstream_name, stream, concurrency, api_key_env, allow_redacted
+    )
     cfg = load_config(config_path, db_url=db_url)
     log_to_stderr("warning", timestamps=False)
     try:
@@ -221,6 +250,11 @@ def replay(
     show_default=True,
     help="Streams at their recorded pace, or at once.",
 )
+@click.option(
+    "--errors",
+    is_flag=True,
+    help="Also play back recorded upstream errors (429, 500), in the order they came.",
+)
 @click.option("--upstream", default=None, help="Base URL of the first upstream (--miss forward).")
 @db_option
 @user_errors
@@ -231,6 +265,7 @@ def playback(
     ignore_fields: tuple[str, ...],
     miss: Any,
     timing: Any,
+    errors: bool,
     upstream: str | None,
     db_url: str | None,
 ) -> None:
@@ -239,7 +274,7 @@ def playback(
 
     cfg = load_config(config_path, host=host, port=port, upstream=upstream, db_url=db_url)
     log_to_stderr(cfg.log_level)
-    options = playback_mod.PlaybackOptions(ignore_fields, miss, timing)
+    options = playback_mod.PlaybackOptions(ignore_fields, miss, timing, errors)
     asyncio.run(playback_mod.run(cfg, options))
 
 
@@ -250,5 +285,6 @@ for _command in (
     cli_store.cost,
     cli_store.export,
     cli_store.prune,
+    alerts,
 ):
     main.add_command(_command)

@@ -7,8 +7,11 @@ commands) both use the same declarations.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+import os
+import signal
+import sys
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -36,12 +39,17 @@ def db_option(func: F) -> F:
 
 
 def load_config(
-    config_path: str | None, flags: Mapping[str, str] | None = None, **overrides: Any
+    config_path: str | None,
+    flags: Mapping[str, str] | None = None,
+    *,
+    uses: Collection[str] | None = None,
+    **overrides: Any,
 ) -> Config:
     """The config, with `overrides` from flags; `flags` names a key's flag where this
-    command's differs from `config.flag(key)`, so errors name what the user typed."""
+    command's differs from `config.flag(key)`, so errors name what the user typed. `uses`:
+    the keys the command uses, the only ones checked (`config.load`)."""
     try:
-        return config_mod.load(config_path, overrides=overrides, flags=flags)
+        return config_mod.load(config_path, overrides=overrides, flags=flags, uses=uses)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -55,6 +63,8 @@ def user_errors(func: F) -> F:
             return func(*args, **kwargs)
         except click.ClickException:
             raise
+        except BrokenPipeError:
+            _closed_pipe()
         except (ConfigError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
         except Exception as exc:
@@ -65,6 +75,16 @@ def user_errors(func: F) -> F:
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def _closed_pipe() -> NoReturn:
+    """The reader of our output went away (`flightrec logs | head -1`): end quietly, with the
+    status a process killed by SIGPIPE has, as other Unix tools do. What is still buffered for
+    stdout goes nowhere, so the interpreter's own flush at exit says nothing either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise SystemExit(128 + signal.SIGPIPE)
 
 
 def parse_with(

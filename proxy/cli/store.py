@@ -25,6 +25,9 @@ from proxy.cli.options import (
     user_errors,
 )
 
+DB_ONLY = ("db_url",)
+"""What the commands that only read or migrate the database use of the config."""
+
 
 @click.group()
 def db() -> None:
@@ -40,7 +43,7 @@ def db_upgrade(config_path: str | None, db_url: str | None) -> None:
     from proxy.store.engine import safe_url
     from proxy.store.migrate import head, upgrade
 
-    cfg = load_config(config_path, db_url=db_url)
+    cfg = load_config(config_path, db_url=db_url, uses=DB_ONLY)
     asyncio.run(upgrade(cfg.db_url))
     click.echo(f"{safe_url(cfg.db_url)}: schema at {head()}")
 
@@ -66,7 +69,7 @@ def logs(
     """Recent exchanges, newest first."""
     from proxy.store import browse, read
 
-    cfg = load_config(config_path, db_url=db_url)
+    cfg = load_config(config_path, db_url=db_url, uses=DB_ONLY)
 
     async def fetch() -> list[dict[str, Any]]:
         async with read.reading(cfg.db_url) as engine:
@@ -91,7 +94,7 @@ def show(config_path: str | None, exchange_id: str, as_json: bool, db_url: str |
     """One exchange in full (ID or a unique prefix of at least 8 characters)."""
     from proxy.store import read
 
-    cfg = load_config(config_path, db_url=db_url)
+    cfg = load_config(config_path, db_url=db_url, uses=DB_ONLY)
 
     async def fetch() -> dict[str, Any]:
         async with read.reading(cfg.db_url) as engine:
@@ -163,7 +166,7 @@ def cost(
     from proxy.store import reprice as repricing
     from proxy.store.filters import Filters
 
-    cfg = load_config(config_path, db_url=db_url)
+    cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices"))
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
     if dry_run and not reprice:
@@ -229,7 +232,7 @@ def export(
     """Export exchanges, oldest first: JSONL, CSV, HAR 1.2 or OpenAI Batch API input."""
     import sys
 
-    from proxy.privacy.redact import Redactor
+    from proxy.privacy.keep import redactor_for
     from proxy.store import read
     from proxy.tools import export as export_mod
 
@@ -238,9 +241,10 @@ def export(
             f"expected one of {', '.join(export_mod.BATCH_ENDPOINTS)}", param_hint="--endpoint"
         )
     filters = scan_filters(since, until, model, tags, limit)
-    cfg = load_config(config_path, db_url=db_url)
+    uses = ("db_url", "redact", "upstreams", "pseudonym_key", "spool_path")
+    cfg = load_config(config_path, db_url=db_url, uses=uses)
 
-    redactor = Redactor(cfg.redact) if cfg.redact else None
+    redactor = redactor_for(cfg)
 
     async def run(write: export_mod.Write) -> int:
         async with read.reading(cfg.db_url) as engine:
@@ -304,7 +308,9 @@ def prune(
     from proxy.store.prune import Busy, pruning
     from proxy.store.retention import cutoffs
 
-    cfg = load_config(config_path, db_url=db_url)
+    cfg = load_config(
+        config_path, db_url=db_url, uses=("db_url", "retention_days", "retention_bodies_days")
+    )
     if bodies and before is None:
         raise click.UsageError("--bodies needs --before T")
     found = [(before, bodies)] if before is not None else cutoffs(cfg, datetime.now(UTC))

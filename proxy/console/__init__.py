@@ -10,6 +10,7 @@ headers), `params` (query strings into store filters), `views` (what templates d
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from pathlib import Path
 
@@ -18,13 +19,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.config import Config, ConfigError
-from proxy.console import api, auth, database, pages
+from proxy.console import alerts, api, auth, database, pages
 from proxy.console.auth import check_bind
 from proxy.console.state import CONSOLE, Console, state
 from proxy.sinks.metrics import MetricsSink, registry
 from proxy.stopping import until_stopped
 
-__all__ = ["build_console", "check_bind", "run_console", "start_console"]
+__all__ = ["build_console", "check_bind", "listen", "run_console", "start_console"]
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -71,16 +72,32 @@ def build_console(
     app.on_response_prepare.append(auth.add_security_headers)
     api.add_routes(app)
     pages.add_routes(app)
+    alerts.add_routes(app)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_static("/static/", HERE / "static", append_version=True)
     return app
 
 
+async def listen(site: web.TCPSite, key: str) -> None:
+    """Start listening; an address another process holds is a `ConfigError` naming the key
+    (and flag) that chose it, in one line."""
+    try:
+        await site.start()
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise ConfigError(f"{key}: {site.name} is in use by another process") from None
+
+
 async def start_console(
-    config: Config, metrics: MetricsSink | None = None, *, wait_for_database: bool = False
+    config: Config,
+    metrics: MetricsSink | None = None,
+    *,
+    wait_for_database: bool = False,
+    flag: str = "--console-port",
 ) -> web.AppRunner | None:
     """The console on `console_host:console_port`, or None when `console_port` is 0;
-    `/metrics` serves `metrics`."""
+    `/metrics` serves `metrics`. `flag`: the command's flag for `console_port`."""
     if config.console_port == 0:
         return None
     console = build_console(config, metrics, wait_for_database=wait_for_database)
@@ -88,7 +105,8 @@ async def start_console(
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.console_host, config.console_port)
-        await site.start()
+        zero = "; 0: no console" if flag == "--console-port" else ""
+        await listen(site, f"console_port ({flag}{zero})")
     except BaseException:
         await runner.cleanup()
         raise
@@ -99,7 +117,7 @@ async def start_console(
 
 async def run_console(config: Config) -> None:
     """`flightrec console`: serve the console alone until SIGTERM or SIGINT."""
-    runner = await start_console(config)
+    runner = await start_console(config, flag="--port")
     if runner is None:
         raise ConfigError("console_port: 0 means no console; give a port")
     try:

@@ -1,7 +1,7 @@
 """The console's database: opened with the app, and a clear answer while it cannot be read.
 
 `flightrec console` alone stops at start when the database cannot be read, as every command
-does. Inside `serve`, which starts while its PostgreSQL is down (`dbrecorder.open_recorder`),
+does. Inside `serve`, which starts while its PostgreSQL is down (`store.recorder.open_recorder`),
 the console starts too and checks the database on each request until it answers. A database
 that cannot be used while a page is made (down, unreachable, locked) is a 503 saying why, as
 a page or as the API's JSON error, not a bare 500.

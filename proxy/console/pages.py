@@ -17,7 +17,7 @@ from aiohttp import web
 
 from proxy.console import api, auth, charts, params, views
 from proxy.console.state import state
-from proxy.privacy.redact import Redactor
+from proxy.privacy.keep import redactor_for
 from proxy.store import browse, detail, report, series
 from proxy.store.engine import StoreError
 from proxy.store.filters import Filters
@@ -195,7 +195,7 @@ async def export_view(request: web.Request) -> web.StreamResponse:
     with tempfile.SpooledTemporaryFile(max_size=8 << 20) as buffer:
         config = state(request).config
         # The configured rules, as `flightrec export` applies them: old records come out clean.
-        redactor = Redactor(config.redact) if config.redact else None
+        redactor = redactor_for(config)
         await export_mod.export(
             state(request).db(),
             buffer.write,

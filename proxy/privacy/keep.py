@@ -4,7 +4,7 @@
 metrics and traces all get the same record: bodies the client asked to omit
 (`X-Flightrec-Omit`) or `store_bodies = "metadata"` keeps out are gone, and the `[[redact]]`
 rules have run (`redact.py`), the record noting in `redacted` which matched. This runs when the
-record is completed (`record.conclude`, deferred by `Later`), never on the relay's path; with
+record is completed (`record.conclude`, deferred by `Deferred`), never on the relay's path; with
 no rules and full bodies it only clears what the client asked to omit.
 """
 
@@ -14,6 +14,7 @@ import logging
 from typing import Any, Protocol
 
 from proxy.exchange import Exchange
+from proxy.privacy.pseudonym import Pseudonyms
 from proxy.privacy.redact import Hits, Redactor, RedactRule
 from proxy.text import dumps
 
@@ -29,12 +30,17 @@ class KeepSettings(Protocol):
     @property
     def redact(self) -> tuple[RedactRule, ...]: ...
 
+    @property
+    def pseudonym_key(self) -> str | None: ...
+
+    @property
+    def spool_path(self) -> str: ...
+
 
 class Keep:
     def __init__(self, settings: KeepSettings | None = None) -> None:
         self._metadata = settings is not None and settings.store_bodies == "metadata"
-        rules = () if settings is None else settings.redact
-        self.redactor = Redactor(rules) if rules else None
+        self.redactor = None if settings is None else redactor_for(settings)
         """None when no rule is configured: nothing is searched."""
 
     def __call__(self, ex: Exchange) -> None:
@@ -66,10 +72,33 @@ def failed(ex: Exchange) -> None:
     ex.redacted = {"rules": [], "failed": True}
 
 
+def redactor_for(settings: KeepSettings) -> Redactor | None:
+    """The rules, identifiers getting pseudonyms (`pseudonym.py`); None without rules."""
+    if not settings.redact:
+        return None
+    return Redactor(settings.redact, Pseudonyms(settings.pseudonym_key, settings.spool_path))
+
+
+IDENTIFIERS = ("user", "safety_identifier")
+"""Request fields that name the end user: matches in them get pseudonyms, not one fixed
+replacement, so users stay apart (`cost --by user`)."""
+
+
+def _identifiers(redactor: Redactor, request: Any, hits: Hits) -> None:
+    """The identifiers of a request's JSON redacted in place, before the rest."""
+    if isinstance(request, dict):
+        for name in IDENTIFIERS:
+            if isinstance(request.get(name), str):
+                request[name] = redactor.identifier(request[name], hits)
+
+
 def redact_exchange(redactor: Redactor, ex: Exchange) -> None:
     """Every text of the exchange that can hold what a rule matches, redacted in place."""
     hits: Hits = set()
-    ex.request_json, ex.request_body = _body(redactor, ex.request_json, ex.request_body, hits)
+    _identifiers(redactor, ex.request_json, hits)
+    ex.request_json, ex.request_body = _body(
+        redactor, ex.request_json, ex.request_body, hits, changed=bool(hits)
+    )
     answer: Hits = set()
     response, dropped = redactor.answer(
         ex.response_body if ex.response_json is None else ex.response_json,
@@ -84,7 +113,8 @@ def redact_exchange(redactor: Redactor, ex: Exchange) -> None:
         ex.raw_stream_gz = ex.raw_pacing = None
     hits |= answer
     for name in TEXTS:
-        setattr(ex, name, redactor.value(getattr(ex, name), hits))
+        redact = redactor.identifier if name == "user" else redactor.value
+        setattr(ex, name, redact(getattr(ex, name), hits))
     if hits:
         ex.redacted = noted(hits, dropped)
 
@@ -101,6 +131,7 @@ def redact_record(redactor: Redactor, record: dict[str, Any]) -> None:
     """A `show --json` record (`export`) redacted in place, as `redact_exchange` redacts an
     exchange: records stored before a rule existed come out clean."""
     hits: Hits = set()
+    _identifiers(redactor, record["request"], hits)
     record["request"] = redactor.value(record["request"], hits)
     answer: Hits = set()
     record["response"], dropped = redactor.answer(
@@ -110,7 +141,8 @@ def redact_record(redactor: Redactor, record: dict[str, Any]) -> None:
         record["raw_stream"] = None
     hits |= answer
     for name in TEXTS:
-        record[name] = redactor.value(record[name], hits)
+        redact = redactor.identifier if name == "user" else redactor.value
+        record[name] = redact(record[name], hits)
     if hits:
         earlier = record.get("redacted") or {}
         rules = hits | set(earlier.get("rules") or ())
@@ -118,13 +150,16 @@ def redact_record(redactor: Redactor, record: dict[str, Any]) -> None:
         record["redacted"] = noted(rules, sorted(set(dropped)))
 
 
-def _body(redactor: Redactor, parsed: Any, raw: bytes | None, hits: Hits) -> tuple[Any, Any]:
-    """A body's JSON and bytes redacted; the bytes are the JSON's text again when it changed."""
+def _body(
+    redactor: Redactor, parsed: Any, raw: bytes | None, hits: Hits, changed: bool = False
+) -> tuple[Any, Any]:
+    """A body's JSON and bytes redacted; the bytes are the JSON's text again when it changed
+    (`changed`: already, its identifiers)."""
     if parsed is None:
         return None, None if raw is None else redactor.data(raw, hits)
     found: Hits = set()
     parsed = redactor.value(parsed, found)
-    if found and raw is not None:
+    if (found or changed) and raw is not None:
         raw = dumps(parsed).encode()
     hits |= found
     return parsed, raw

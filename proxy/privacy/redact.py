@@ -149,15 +149,17 @@ class _Compiled:
         """Whether the rule matches somewhere in `text` (nothing is replaced)."""
         return not self.hopeless(text) and next(self.spans(text), None) is not None
 
-    def apply(self, text: str) -> str | None:
-        """`text` redacted (the replacement taken literally); None when nothing matched. An
-        empty match is never replaced: it holds nothing."""
+    def apply(self, text: str, instead: Pseudonym | None = None) -> str | None:
+        """`text` redacted (the replacement taken literally, or each match's pseudonym from
+        `instead`); None when nothing matched. An empty match is never replaced: it holds
+        nothing."""
         if self.hopeless(text):
             return None
         pieces: list[str] = []
         at = 0
         for start, end in self.spans(text):
-            pieces += (text[at:start], self.replace)
+            shown = self.replace if instead is None else instead(self.name, text[start:end])
+            pieces += (text[at:start], shown)
             at = end
         if not pieces:
             return None
@@ -167,14 +169,29 @@ class _Compiled:
 
 Hits = set[str]
 """Names of the rules that matched."""
+Pseudonym = Callable[[str, str], str]
+"""(rule name, matched text) -> what stands for it in an identifier (`pseudonym.py`)."""
 
 
 class Redactor:
     """Compiled rules, applied to text, bytes and JSON values."""
 
-    def __init__(self, rules: tuple[RedactRule, ...]) -> None:
+    def __init__(self, rules: tuple[RedactRule, ...], pseudonym: Pseudonym | None = None) -> None:
         self._rules = tuple(_Compiled(rule) for rule in rules)
         self._shortest = min((rule.shortest for rule in self._rules), default=0)
+        self._pseudonym = pseudonym
+
+    def identifier(self, value: Any, hits: Hits) -> Any:
+        """An identifier (a user id) redacted: each match by its pseudonym, so identifiers
+        stay apart; as `value` without a pseudonym function."""
+        if self._pseudonym is None or not isinstance(value, str):
+            return self.value(value, hits)
+        for rule in self._rules:
+            out = rule.apply(value, self._pseudonym)
+            if out is not None:
+                hits.add(rule.name)
+                value = out
+        return value
 
     def text(self, text: str, hits: Hits, rules: tuple[_Compiled, ...] | None = None) -> str:
         """`text` redacted by `rules` (default all; the same object when nothing matched);

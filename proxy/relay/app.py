@@ -16,21 +16,28 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 from aiohttp import web
 
+from proxy.alert_rules import Blocked
 from proxy.config import Config
 from proxy.pricing import Prices, PriceUpdates, upstream_providers, warm
 from proxy.privacy.keep import Keep
 from proxy.relay.appkeys import (
+    APP_BLOCKED,
     APP_CONFIG,
-    APP_LATER,
-    APP_READ_LATER,
+    APP_DEFERRED,
+    APP_DEFERRED_READS,
+    APP_IN_FLIGHT,
+    APP_LOAD,
     APP_RECORDER,
     APP_SESSION,
     APP_SINKS,
 )
 from proxy.relay.connections import Runner
-from proxy.relay.deferred import READ_DELAY, Later
+from proxy.relay.deferred import READ_DELAY, Deferred
 from proxy.relay.forward import forward
-from proxy.sinks.fanout import Explains, Recorder, RecorderSink, Sink, Sinks
+from proxy.relay.inflight import InFlight
+from proxy.relay.load import Load
+from proxy.relay.websocket import install as install_websockets
+from proxy.sinks.fanout import Recorder, Sink, Sinks
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +47,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready: the proxy relays and keeps every record safe (its journal takes them), though the
+    database may be down; the body says the database's state. `/readyz/db` also needs the
+    database to take records as they come."""
     recorder = request.app[APP_RECORDER]
-    reason = recorder.readiness() if isinstance(recorder, Explains) else None
-    if reason is None and not recorder.ready():
-        reason = "the record cannot keep up"
+    reason = recorder.readiness() if request.path == "/readyz/db" else recorder.safety()
+    body = {"database": recorder.database_state() or "up"}
     if reason is None:
-        return web.json_response({"status": "ready"})
-    return web.json_response({"status": "not ready", "reason": reason}, status=503)
+        return web.json_response({"status": "ready", **body})
+    return web.json_response({"status": "not ready", "reason": reason, **body}, status=503)
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -82,7 +91,7 @@ async def _price_updates(app: web.Application) -> AsyncIterator[None]:
 async def _sinks(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SINKS].start()
     yield
-    app[APP_LATER].flush(close=True)  # records still being completed go to the sinks first
+    app[APP_DEFERRED].flush(close=True)  # records still being completed go to the sinks first
     await app[APP_SINKS].stop()
 
 
@@ -91,17 +100,20 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app = web.Application(client_max_size=config.max_request_bytes)
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
+    app[APP_BLOCKED] = Blocked()
     prices = Prices(config.prices, upstream_providers(config.upstreams), live=config.price_update)
-    app[APP_SINKS] = Sinks(
-        [RecorderSink(recorder), *sinks], Keep(config), config.shutdown_grace, prices
-    )
-    app[APP_LATER] = Later()
-    app[APP_READ_LATER] = Later(READ_DELAY)
+    app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace, prices)
+    app[APP_DEFERRED] = Deferred()
+    app[APP_DEFERRED_READS] = Deferred(READ_DELAY)
+    app[APP_IN_FLIGHT] = InFlight()
+    app[APP_LOAD] = Load(config.max_connections, config.max_streams)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_price_updates)
     app.cleanup_ctx.append(_sinks)
+    install_websockets(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/readyz/db", readyz)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
 
@@ -109,6 +121,7 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
 def make_runner(app: web.Application, config: Config) -> web.AppRunner:
     return Runner(
         app,
+        load=app[APP_LOAD],
         header_timeout=config.client_header_timeout,
         keepalive_timeout=config.keepalive_timeout,
         handler_cancellation=config.cancel_on_disconnect,

@@ -8,6 +8,7 @@
   arrive, or else by `keepalive_timeout`.)
 - `keepalive_timeout`: an idle kept-alive connection is closed after this many seconds
   without a new request (aiohttp's own timer; its default is an hour).
+- Open connections are counted for `max_connections` (`relay.load`).
 - A malformed request (bad request line, headers too large or conflicting) gets a 400, or a
   431 for a head over the size limits, in OpenAI's error shape, and one info line: aiohttp
   logged each as an ERROR with a traceback, so anyone could fill the log.
@@ -27,6 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.relay.errors import error_response
+from proxy.relay.load import Load
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +40,22 @@ class Runner(web.AppRunner):
     """An `AppRunner` whose connections get `client_header_timeout`; `keepalive_timeout` and
     the other handler options pass through to aiohttp as usual."""
 
-    def __init__(self, app: web.Application, *, header_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self, app: web.Application, *, load: Load, header_timeout: float, **kwargs: Any
+    ) -> None:
         super().__init__(app, **kwargs)
+        self._load = load
         self._header_timeout = header_timeout
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()
-        return _Server(made, self._header_timeout)
+        return _Server(made, self._load, self._header_timeout)
 
 
 class _Server(web.Server):
     """aiohttp's server as the app built it, making `_Handler`s instead of `RequestHandler`s."""
 
-    def __init__(self, made: web.Server, header_timeout: float) -> None:
+    def __init__(self, made: web.Server, load: Load, header_timeout: float) -> None:
         super().__init__(
             made.request_handler,
             request_factory=made.request_factory,
@@ -58,22 +63,29 @@ class _Server(web.Server):
             loop=made._loop,
             **made._kwargs,
         )
+        self._load = load
         self._header_timeout = header_timeout
 
     def __call__(self) -> RequestHandler:
-        return _Handler(self, self._header_timeout, loop=self._loop, **self._kwargs)
+        return _Handler(self, self._load, self._header_timeout, loop=self._loop, **self._kwargs)
 
 
 class _Handler(RequestHandler):
-    __slots__ = ("_header_deadline", "_header_timeout")
+    __slots__ = ("_counted", "_header_deadline", "_header_timeout", "_load")
 
-    def __init__(self, manager: web.Server, header_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self, manager: web.Server, load: Load, header_timeout: float, **kwargs: Any
+    ) -> None:
         super().__init__(manager, **kwargs)
+        self._load = load
+        self._counted = False
         self._header_timeout = header_timeout
         self._header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self._load.connections += 1
+        self._counted = True
         self._start_header_clock()
 
     def data_received(self, data: bytes) -> None:
@@ -88,6 +100,9 @@ class _Handler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_header_clock()
+        if self._counted:
+            self._counted = False
+            self._load.connections -= 1
         super().connection_lost(exc)
 
     def _waiting_for_request(self) -> bool:

@@ -3,7 +3,7 @@
 Finishing a record (reassembling the stream, reading the control headers, handing it to the
 recorder) right after the last byte would put it in the way of the client's next request: a
 client that sends requests back to back has its next one on the wire before that work is done,
-and the work then stands between that request and its upstream. `Later` runs such work in
+and the work then stands between that request and its upstream. `Deferred` runs such work in
 batches: a batch starts with the first work added and runs `delay` seconds after it (so later
 additions wait less), by which time the proxy is waiting on the upstream
 (docs/performance.md: the hot path's tricks).
@@ -36,7 +36,7 @@ client takes to wake and read them, shorter than most gaps between two events of
 that reading one seldom delays the next."""
 
 
-class Later:
+class Deferred:
     def __init__(self, delay: float = DELAY) -> None:
         self._delay = delay
         self._pending: list[tuple[Callable[..., None], tuple[Any, ...]]] = []

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.alert_rules import Budget
 from proxy.config import Config, Upstream
 from proxy.exchange import Exchange
 
@@ -85,6 +86,15 @@ def unreachable(
     exchange.report(outcome, f"upstream {upstream.name!r} ({upstream.base_url}) {what}")
     type_ = "upstream_timeout" if status == 504 else "upstream_unreachable"
     return error_response(status, f"flightrec: {exchange.error}", type_, None, exchange.id)
+
+
+def budget_exceeded(exchange: Exchange, budget: Budget) -> web.Response:
+    """A request in the scope of a spent `action = "block"` budget never goes upstream."""
+    exchange.status = 429
+    limit = f"limit ${budget.limit_usd:g} a {budget.period}"
+    exchange.report("proxy_error", f"budget {budget.name!r} exceeded ({limit})")
+    message = f"flightrec: {exchange.error}"
+    return error_response(429, message, "insufficient_quota", "budget_exceeded", exchange.id)
 
 
 def proxy_failed(exchange: Exchange, exc: Exception) -> web.Response:

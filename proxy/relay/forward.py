@@ -3,7 +3,9 @@
 `forward` runs the steps in order, each in its own module:
 
 1. route the path to an upstream (`paths.route`); answer errors in OpenAI's shape (`errors`);
-2. read the body and, for a stream, ask the upstream for its usage (`usage_option`);
+   past `max_connections`, answer 503 (`load`);
+2. read the body and, for a stream, ask the upstream for its usage (`usage_option`); past
+   `max_streams`, answer 503;
 3. send it upstream (`_send_upstream`);
 4. relay the answer to the client through the tee (`relay`, `tee`, `reader`);
 5. in `finally`, whatever happened, have the record completed a moment later and handed to the
@@ -22,8 +24,18 @@ from yarl import URL
 
 from proxy.config import Config, Upstream
 from proxy.exchange import id_place
-from proxy.relay.appkeys import APP_CONFIG, APP_LATER, APP_SESSION, APP_SINKS
+from proxy.relay.appkeys import (
+    APP_BLOCKED,
+    APP_CONFIG,
+    APP_DEFERRED,
+    APP_IN_FLIGHT,
+    APP_LOAD,
+    APP_SESSION,
+    APP_SINKS,
+)
+from proxy.relay.budgets import over_budget
 from proxy.relay.errors import (
+    budget_exceeded,
     not_routed,
     proxy_failed,
     refuse_path,
@@ -32,10 +44,12 @@ from proxy.relay.errors import (
     unreachable,
 )
 from proxy.relay.headers import upstream_headers
+from proxy.relay.load import asks_to_stream, shed
 from proxy.relay.paths import Refused, route
 from proxy.relay.record import Record, conclude
 from proxy.relay.response import relay
 from proxy.relay.usage_option import UpstreamBody, upstream_body
+from proxy.relay.websocket import wants_websocket, websocket
 from proxy.stream.endpoints import endpoint
 
 log = logging.getLogger(__name__)
@@ -47,31 +61,45 @@ async def forward(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     place = id_place()  # now: ids sort as the requests came
     config = request.app[APP_CONFIG]
-    found = route(config.upstreams, request.raw_path)
-    if found is None:
+    routed = route(config.upstreams, request.raw_path)
+    if routed is None:
         return not_routed(request)
-    refused = isinstance(found, Refused)
-    upstream, rest = (found.upstream, found.rest) if isinstance(found, Refused) else found
+    refused = isinstance(routed, Refused)
+    upstream, rest = (routed.upstream, routed.rest) if isinstance(routed, Refused) else routed
+    if request.method == "GET" and not refused and wants_websocket(request.headers):
+        return await websocket(request, upstream, rest, began, started)
     record = Record(place, request.method, upstream, rest, began)
-    later = request.app[APP_LATER]
+    later = request.app[APP_DEFERRED]
     later.under_way += 1
+    in_flight = request.app[APP_IN_FLIGHT]
+    in_flight.enter()
     try:
         if refused:
-            return refuse_path(record.exchange(), upstream)
+            return refuse_path(record.ensure_exchange(), upstream)
+        load = request.app[APP_LOAD]
+        if load.too_many_connections():
+            exchange = record.ensure_exchange()
+            return shed(exchange, "max_connections", load.max_connections, close=True)
         return await _exchange(request, config, upstream, rest, record, started)
     except asyncio.CancelledError:
-        exchange = record.exchange()
-        exchange.report("client_disconnected", "client disconnected; upstream request cancelled")
+        exchange = record.ensure_exchange()
+        if in_flight.cut:  # shutdown cancelled it, past its grace (`inflight`)
+            exchange.report("proxy_error", in_flight.cut)
+        else:
+            exchange.report(
+                "client_disconnected", "client disconnected; upstream request cancelled"
+            )
         raise
     except Exception as exc:  # the record must survive a bug here, and the client gets a 500
         log.exception("exchange %s failed inside the proxy", record.id)
-        return proxy_failed(record.exchange(), exc)
+        return proxy_failed(record.ensure_exchange(), exc)
     finally:
-        exchange = record.exchange()
+        exchange = record.ensure_exchange()
         exchange.duration_ms = (time.perf_counter() - started) * 1000
-        # Completed off the way of the client's next request (`Later`).
+        # Completed off the way of the client's next request (`Deferred`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
         later.under_way -= 1
+        in_flight.leave()
         later.add(conclude, exchange, request, tee, request.app[APP_SINKS])
 
 
@@ -87,24 +115,37 @@ async def _exchange(
     try:
         body = await _read_body(request, config.client_body_timeout)
     except TimeoutError:
-        return await too_slow(request, record.exchange(), config.client_body_timeout)
+        return await too_slow(request, record.ensure_exchange(), config.client_body_timeout)
     except web.HTTPRequestEntityTooLarge:
-        return too_large(record.exchange(), config)
+        return too_large(record.ensure_exchange(), config)
     path = request.raw_path.partition("?")[0]
-    known = endpoint(path)
-    inject = config.stream_usage == "inject" and known.stream_options
-    sent = record.body = upstream_body(body, inject=inject)
+    path_endpoint = endpoint(path)
+    inject = config.stream_usage == "inject" and path_endpoint.stream_options
+    outgoing = record.body = upstream_body(body, inject=inject)
+    blocked = request.app[APP_BLOCKED]
+    if blocked.budgets and (budget := over_budget(blocked, request.headers, body)) is not None:
+        return budget_exceeded(record.ensure_exchange(), budget)
+    streams = asks_to_stream(outgoing)
+    load = request.app[APP_LOAD]
+    if streams and not load.take_stream():
+        return shed(record.ensure_exchange(), "max_streams", load.max_streams, close=False)
     url = URL(upstream.base_url + rest, encoded=True)
     try:
-        answer = await _send_upstream(request, url, sent)
-    except TimeoutError:
-        return unreachable(record.exchange(), upstream, 504, "timeout", "timed out")
-    except aiohttp.ClientError as exc:
-        return unreachable(
-            record.exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
-        )
-    async with answer:
-        return await relay(request, config, answer, record, known, sent.injected, started)
+        try:
+            answer = await _send_upstream(request, url, outgoing)
+        except TimeoutError:
+            return unreachable(record.ensure_exchange(), upstream, 504, "timeout", "timed out")
+        except aiohttp.ClientError as exc:
+            return unreachable(
+                record.ensure_exchange(), upstream, 502, "upstream_error", f"unreachable: {exc}"
+            )
+        async with answer:
+            return await relay(
+                request, config, answer, record, path_endpoint, outgoing.injected, started
+            )
+    finally:
+        if streams:
+            load.end_stream()
 
 
 async def _read_body(request: web.Request, seconds: float) -> bytes:

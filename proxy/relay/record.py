@@ -3,7 +3,7 @@
 `Record` holds what the record needs while the exchange runs and makes the `Exchange` once the
 client has the first byte of the answer (or sooner, when the exchange ends sooner): filling its
 forty fields on the way to the first byte would delay it. `conclude` completes the record after
-the response, when the client's next request has gone on (`Later`), and hands it to the sinks
+the response, when the client's next request has gone on (`Deferred`), and hands it to the sinks
 (which first take out what the record may not keep: `keep.py`).
 """
 
@@ -70,7 +70,7 @@ class Record:
         if self._exchange is not None:
             self._fill_answer(self._exchange)
 
-    def exchange(self) -> Exchange:
+    def ensure_exchange(self) -> Exchange:
         exchange = self._exchange
         if exchange is None:
             upstream = self._upstream

@@ -14,12 +14,13 @@ import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
-from proxy.relay.appkeys import APP_LATER, APP_READ_LATER
-from proxy.relay.deferred import Later
+from proxy.relay.appkeys import APP_DEFERRED, APP_DEFERRED_READS
+from proxy.relay.deferred import Deferred
 from proxy.relay.headers import response_headers
 from proxy.relay.record import Record
 from proxy.relay.tee import StreamTee
 from proxy.stream.endpoints import Endpoint
+from proxy.stream.reader import BodySettings
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +65,25 @@ async def relay(
     response.headers.extend(response_headers(answer.headers, withhold))
     response.headers["X-Flightrec-Id"] = record.id
     await response.prepare(request)
-    tee = record.tee = StreamTee(
-        record.exchange,
-        response.write,
+    settings = BodySettings(
         endpoint,
-        encoding=encoding,
+        encoding,
         sse=is_sse,
         injected=injected and is_sse,  # an upstream may take the option and answer no stream
         withhold=withhold,
+        started=started,
         max_record_bytes=config.max_record_bytes,
         max_stream_record_bytes=config.max_stream_record_bytes,
-        started=started,
         keep_raw=config.store_raw_stream,
-        later=request.app[APP_READ_LATER],
+    )
+    tee = record.tee = StreamTee(
+        record.ensure_exchange, response.write, settings, later=request.app[APP_DEFERRED_READS]
     )
     try:
-        await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_LATER])
+        await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_DEFERRED])
         await _end(request, response, record)
     except Exception as exc:  # the response has started: a second one cannot be sent
-        exchange = record.exchange()
+        exchange = record.ensure_exchange()
         log.exception("exchange %s failed while relaying", exchange.id)
         exchange.report("proxy_error", f"{type(exc).__name__}: {exc}")
         response.force_close()
@@ -90,7 +91,7 @@ async def relay(
 
 
 async def _pump(
-    answer: aiohttp.ClientResponse, tee: StreamTee, cancel_on_disconnect: bool, later: Later
+    answer: aiohttp.ClientResponse, tee: StreamTee, cancel_on_disconnect: bool, later: Deferred
 ) -> None:
     """Copy the upstream body to the client through the tee as it arrives; the outcome says
     how the body ended when it did not end normally."""
@@ -100,7 +101,7 @@ async def _pump(
     try:
         async for piece in answer.content.iter_any():
             here = await tee.relay(piece)
-            if first:  # earlier exchanges' deferred work may go now (`Later`)
+            if first:  # earlier exchanges' deferred work may go now (`Deferred`)
                 first = False
                 later.first_piece_sent()
             if not here and cancel_on_disconnect:
@@ -122,7 +123,7 @@ async def _pump(
 
 async def _end(request: web.Request, response: web.StreamResponse, record: Record) -> None:
     """End the response as the upstream's body ended."""
-    exchange = record.exchange()
+    exchange = record.ensure_exchange()
     if exchange.outcome in ("upstream_disconnected", "timeout"):
         # A cut body must look cut to the client too: the connection closes without
         # the body's end (aiohttp would write it once the handler returns).

@@ -5,13 +5,14 @@ body to the client and has it read for the record; `end(whole=...)` says the bod
 bytes go out, and when the record looks at them, is decided here:
 
 - Normally a piece goes to the client as it came, and `BodyReader` (`reader.py`) reads it a
-  moment later (through `Later`): the kernel wakes the reader of a local socket on the writer's
+  moment later (through `Deferred`): the kernel wakes the reader of a local socket on the writer's
   CPU, so work done straight after a write delays the client reading it. Once the body has
   ended, what still waits is read by `finish`, with the rest of the record's work.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
   (`withhold.py`): the whole events of a piece go out at once, a usage event among them cut out
   by parsing that event alone (the record reads them all a moment later, as above); an event
-  not all received yet is read first, and only the bytes before it go out.
+  not all received yet is read first, and only the bytes before it go out. A finish chunk waits
+  for the bytes after it, in case a usage event cut out carries members for it (`carry.py`).
 
 `finish()` fills the exchange once the response is over (`record.conclude`).
 """
@@ -19,7 +20,6 @@ bytes go out, and when the record looks at them, is decided here:
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,11 +27,10 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from proxy.exchange import Exchange
-from proxy.relay.deferred import Later
-from proxy.stream.endpoints import Endpoint
+from proxy.relay.deferred import Deferred
 from proxy.stream.rawcopy import RawCopy
-from proxy.stream.reader import BodyReader
-from proxy.stream.withhold import Withholder, may_start_with_bom, whole_events, without_usage_events
+from proxy.stream.reader import BodyReader, BodySettings
+from proxy.stream.withhold import Withholder, may_start_with_bom, whole_events
 
 log = logging.getLogger(__name__)
 
@@ -56,39 +55,21 @@ class StreamTee:
         self,
         exchange: Exchange | Callable[[], Exchange],
         write: Write,
-        endpoint: Endpoint,
+        settings: BodySettings,
         *,
-        encoding: str,
-        sse: bool,
-        injected: bool,
-        withhold: bool,
-        max_record_bytes: int,
-        max_stream_record_bytes: int = 16 * 1024 * 1024,
-        started: float,
-        keep_raw: bool = False,
-        later: Later | None = None,
+        later: Deferred | None = None,
     ) -> None:
         self._exchange = exchange if isinstance(exchange, Exchange) else None
         self._make_exchange = exchange
         """The record, or what makes it: it is made once the first piece is on its way
         (`record.Record`)."""
         self._write = write
-        self._new_reader = functools.partial(
-            BodyReader,
-            endpoint=endpoint,
-            encoding=encoding,
-            sse=sse,
-            withhold=withhold,
-            injected=injected,
-            max_record_bytes=max_record_bytes,
-            max_stream_record_bytes=max_stream_record_bytes,
-            started=started,
-        )
+        self._settings = settings
         self._reader: BodyReader | None = None
         """Made on first use: after the first piece went to the client."""
-        self._withholder = Withholder() if withhold else None
-        self._is_sse = sse
-        self._started = started
+        self._withholder = Withholder() if settings.withhold else None
+        self._is_sse = settings.sse
+        self._started = settings.started
         self._later = later
         self._waiting: list[tuple[bytes, float, bool, bytes | None]] = []
         """Pieces not read yet: when each arrived, whether it went to the client then, and
@@ -98,7 +79,7 @@ class StreamTee:
         self._ended_at = 0.0
         self._raw: RawCopy | None = None
         """The bytes the client received and when (for playback)."""
-        self._keep_raw = keep_raw and sse
+        self._keep_raw = settings.keep_raw and settings.sse
         self._final = _Final.NOT_SEEN
         self._client_here = True
         self._client_has_all = True
@@ -124,7 +105,7 @@ class StreamTee:
         ahead = self._whole_events(piece)
         if ahead:
             head, piece = piece[:ahead], piece[ahead:]
-            out = without_usage_events(head)
+            out = self._withholder.whole(head)
             self._read_later(head, await self._send(out), out)
         if piece:
             # An event not all here yet, which may be the usage event: read it now; only the
@@ -141,11 +122,15 @@ class StreamTee:
         off the way of the body's end, unless bytes are held."""
         self._ended_at = time.perf_counter()
         self._ended_whole = whole
-        if self._withholder is None or self._between_events():
+        if self._withholder is None:
             self._end_waits = True
             return
-        self._catch_up()
-        rest = self._end_body(None)
+        if self._between_events():
+            self._end_waits = True
+            rest = self._withholder.flush()
+        else:
+            self._catch_up()
+            rest = self._end_body(None) + self._withholder.flush()
         if rest and await self._send(rest):
             self._delivered_now(rest)
 
@@ -206,7 +191,7 @@ class StreamTee:
     def _reader_made(self) -> BodyReader:
         reader = self._reader
         if reader is None:
-            reader = self._reader = self._new_reader(self.exchange)
+            reader = self._reader = BodyReader(self.exchange, self._settings)
         return reader
 
     def _read_later(self, piece: bytes, delivered: bool, written: bytes | None) -> None:

@@ -3,12 +3,13 @@
 The forwarder hands every exchange, whatever its outcome, to `Sinks.accept` (`record.conclude`);
 `Sinks` settles its figures (`settle.py`: usage decoded and priced, once) and gives it to each
 sink in order. The database recorder is the first sink; metrics and traces are others, added
-with `build_app(..., sinks=[...])` and nothing else. A sink reacts to that one event, as a
-mitmproxy addon reacts to one hook, and never to the order of others.
+with `build_app(..., sinks=[...])` and nothing else. The recorder is a sink that can also say
+whether the record is safe (`Recorder`). A sink reacts to that one event, as a mitmproxy addon
+reacts to one hook, and never to the order of others.
 
 With `[[redact]]` rules, `Keep` runs on one worker thread, exchanges in the order accepted, and
 each kept exchange goes to the sinks back on the event loop, in that order: a long redaction
-no longer holds every other request (the loop gets the GIL back between the redactor's steps,
+does not hold every other request (the loop gets the GIL back between the redactor's steps,
 though not during one regular-expression search, which holds it). `stop` first waits (up to
 `grace` seconds) for the exchanges being redacted and delivers them; one still unfinished then
 is delivered without its bodies. An exchange being redacted is not yet journaled: a kill -9
@@ -23,7 +24,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from proxy.exchange import Exchange
 from proxy.pricing import Prices
@@ -32,57 +33,6 @@ from proxy.privacy.keep import Keep
 from proxy.sinks.settle import settle
 
 log = logging.getLogger(__name__)
-
-
-class Recorder(Protocol):
-    async def start(self) -> None:
-        """Start background work (called once the event loop runs)."""
-
-    def record(self, exchange: Exchange) -> None:
-        """Take a finished exchange. Never blocks, never raises."""
-
-    def ready(self) -> bool:
-        """True while records can reach their destination without piling up."""
-
-    async def close(self) -> None:
-        """Write out everything taken so far, then stop."""
-
-
-@runtime_checkable
-class Explains(Protocol):
-    """A recorder that can say why it is not ready (`/readyz` puts it in its answer)."""
-
-    def readiness(self) -> str | None:
-        """None when ready; else one line saying why not."""
-
-
-class MemoryRecorder:
-    """Keeps exchanges in a list: for tests and for `serve` without a database."""
-
-    def __init__(self) -> None:
-        self.exchanges: list[Exchange] = []
-        self._arrived = asyncio.Event()
-
-    async def start(self) -> None:
-        pass
-
-    def record(self, exchange: Exchange) -> None:
-        self.exchanges.append(exchange)
-        self._arrived.set()
-
-    def ready(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-    async def wait_for(self, count: int, within: float = 5.0) -> list[Exchange]:
-        """Wait until at least `count` exchanges were recorded; returns them all."""
-        async with asyncio.timeout(within):
-            while len(self.exchanges) < count:
-                self._arrived.clear()
-                await self._arrived.wait()
-        return self.exchanges
 
 
 class Sink(Protocol):
@@ -96,20 +46,56 @@ class Sink(Protocol):
         """Deliver everything accepted so far, then stop (after the last exchange)."""
 
 
-class RecorderSink:
-    """The recorder (database or memory) as a sink."""
+class Recorder(Sink, Protocol):
+    """The sink that keeps the record (the database, or memory): the first of the sinks, and
+    the one `/readyz` asks."""
 
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder = recorder
+    def readiness(self) -> str | None:
+        """None while records reach their destination without piling up; else one line
+        saying why not (`/readyz/db`)."""
+
+    def safety(self) -> str | None:
+        """None while records are kept safe though their destination may lag (a journal);
+        else one line saying why not (`/readyz`)."""
+
+    def database_state(self) -> str | None:
+        """None while the destination takes records as they come; else one line saying why
+        not (what `/readyz` says of the database)."""
+
+
+class MemoryRecorder:
+    """Keeps exchanges in a list: for tests and for `serve` without a database."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+        self._arrived = asyncio.Event()
 
     async def start(self) -> None:
-        await self.recorder.start()
+        pass
 
     def accept(self, exchange: Exchange) -> None:
-        self.recorder.record(exchange)
+        self.exchanges.append(exchange)
+        self._arrived.set()
+
+    def readiness(self) -> str | None:
+        return None
+
+    def safety(self) -> str | None:
+        return None
+
+    def database_state(self) -> str | None:
+        return None
 
     async def stop(self) -> None:
-        await self.recorder.close()
+        pass
+
+    async def wait_for(self, count: int, within: float = 5.0) -> list[Exchange]:
+        """Wait until at least `count` exchanges were recorded; returns them all."""
+        async with asyncio.timeout(within):
+            while len(self.exchanges) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.exchanges
 
 
 class Sinks:

@@ -258,7 +258,7 @@ class MetricsSink:
 
     def _series(self, ex: Exchange) -> _Series:
         """The labelled series one exchange counts in, made once per label set: `labels()`
-        checks its arguments on every call, which cost more than the counting."""
+        checks its arguments on every call, and the counting is done per exchange."""
         model = ex.model_name
         stream = "true" if ex.stream else "false"
         key = (ex.upstream, model, ex.outcome, ex.status, stream, ex.user, ex.key_hash)

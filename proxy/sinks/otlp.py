@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -29,6 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from proxy.config import Config
 from proxy.exchange import Exchange
+from proxy.sinks.otlp_content import content_attributes
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,10 @@ OPERATIONS = (
     ("/responses", "chat"),
     ("/embeddings", "embeddings"),
 )
-"""GenAI `gen_ai.operation.name` by endpoint; other endpoints use their last path segment."""
+"""GenAI `gen_ai.operation.name` by endpoint; other endpoints use their last path segment. The
+OpenAI conventions name a Responses API call `chat` too, told apart by `openai.api.type`."""
+API_TYPES = (("/chat/completions", "chat_completions"), ("/responses", "responses"))
+"""`openai.api.type` by endpoint (the OpenAI conventions' two values)."""
 
 
 def operation(path: str) -> str:
@@ -104,18 +107,12 @@ def _finish_reasons(response: dict[str, Any]) -> list[str]:
     return [r for r in reasons if isinstance(r, str)]
 
 
-def _output_messages(response: dict[str, Any]) -> Any:
-    choices = response.get("choices")
-    if isinstance(choices, list):
-        return [c.get("message") or c.get("text") for c in choices if isinstance(c, dict)]
-    return response.get("output")
-
-
 class SpanBuilder:
     """Spans of exchanges; content only when `content` and the client omitted nothing."""
 
     def __init__(self, config: Config) -> None:
         self._content = config.otlp_content
+        self._max_bytes = config.otlp_content_max_bytes
         self._servers: dict[str, str] = {}
 
     def span(self, ex: Exchange) -> Span:
@@ -150,6 +147,9 @@ class SpanBuilder:
         response_model = ex.response_model or _text(response.get("model"))
         yield "gen_ai.operation.name", op
         yield "gen_ai.provider.name", "openai"
+        for suffix, api_type in API_TYPES:
+            if ex.path.endswith(suffix):
+                yield "openai.api.type", api_type
         if ex.model:
             yield "gen_ai.request.model", ex.model
         if response_model:
@@ -183,12 +183,7 @@ class SpanBuilder:
         if ex.ttft_ms is not None:
             yield "flightrec.ttft_ms", float(ex.ttft_ms)
         if self._content and not (ex.omit_request or ex.omit_response):
-            messages = request.get("messages", request.get("input"))
-            if messages is not None:
-                yield "gen_ai.input.messages", _json(messages)
-            output = _output_messages(response)
-            if output is not None:
-                yield "gen_ai.output.messages", _json(output)
+            yield from content_attributes(request, response, self._max_bytes)
 
     def _server(self, url: str) -> str:
         host = self._servers.get(url)
@@ -197,13 +192,6 @@ class SpanBuilder:
             if len(self._servers) < 1000:
                 self._servers[url] = host
         return host
-
-
-def _json(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:
-        return str(value)
 
 
 def export_request(spans: list[Span]) -> ExportTraceServiceRequest:
@@ -311,8 +299,10 @@ class OtlpExporter:
             if now - self._warned_at >= WARN_EVERY:
                 self._warned_at = now
                 log.warning(
-                    "OTLP collector %s did not take %d spans (%s); dropping spans until it does",
+                    "OTLP collector %s did not take %d spans (%s): dropped, with the spans of "
+                    "exchanges that end in the next %.0fs; then it is tried again",
                     self._endpoint,
                     len(spans),
                     problem,
+                    self._resting_until - now,
                 )

@@ -1,7 +1,7 @@
 """The records waiting for the database writer, in the order the writer takes them.
 
 `add()` buffers a record; one write at the end of the event loop's turn appends the buffer to
-the journal (records completed together, in one batch of `Later`, go in one write), so the
+the journal (records completed together, in one batch of `Deferred`, go in one write), so the
 relay never waits on the disk or the database. Journaled records also stay in memory, up to
 `queue_size`, so the writer rarely reads the file back. Records the journal refuses (full,
 disk full, not writable) are kept in memory only and go first; what does not fit is lost,
@@ -44,6 +44,41 @@ class Backlog:
         """Records the journal refused, kept in memory only."""
         self.journaled = 0
         """Records appended to the journal since start."""
+        self._left: Position | None = None
+        """Where what an earlier run journaled and did not write ends, until it is written."""
+        self.recovered = 0
+        """Records an earlier run journaled that this one wrote."""
+
+    def opened(self) -> None:
+        """The journal is open: what an earlier run left in it (a crash, a database that did not
+        answer before shutdown) is written first, and the log says so, now and once it is."""
+        journal = self.journal
+        if journal.done < journal.end:
+            self._left = journal.end
+            log.info(
+                "journal %s: records an earlier run did not write (%d bytes) go to the database",
+                journal.path,
+                journal.total_bytes - journal.done[1],
+            )
+
+    def commit(self, batch: Batch) -> None:
+        """`batch` is in the database: the journal is committed up to its end."""
+        if batch[1] is not None:
+            self._commit(batch[1], len(batch[0]))
+
+    def _commit(self, end: Position, records: int) -> None:
+        self.journal.commit(end)
+        left = self._left
+        if left is None:
+            return
+        if end <= left:
+            self.recovered += records
+        if end >= left:
+            self._left = None
+            log.info(
+                "recovered %d journaled records from an earlier run: written to the database",
+                self.recovered,
+            )
 
     def __len__(self) -> int:
         """Records held in memory for the writer."""
@@ -104,7 +139,7 @@ class Backlog:
         journal = self.journal
         done = journal.done
         if journal.limit(done) == done[1] and (following := journal.next_segment(done)):
-            journal.commit(following)  # a sealed segment read to its end: delete it
+            self._commit(following, 0)  # a sealed segment read to its end: delete it
             done = following
         while self._fresh and self._fresh[0][1] <= done:
             self._fresh.popleft()  # read from the file meanwhile
@@ -130,6 +165,6 @@ class Backlog:
         batch = [ex for ex, _ in found]
         end = (done[0], stop)
         if not batch:
-            self.journal.commit(end)  # only lines that were not records
+            self._commit(end, 0)  # only lines that were not records
             return None
         return batch, end

@@ -26,6 +26,10 @@ class Filters:
     key: str | None = None
     """The key's hint (`sk-...a1b2`) or its hash, or a prefix of the hash."""
     tags: tuple[tuple[str, str], ...] = ()
+    user: str | None = None
+    """The end user, exactly (alerts and budgets: `user = ...`, `scope = "user:..."`)."""
+    upstream: str | None = None
+    """The upstream's name, exactly."""
     requested_model: str | None = None
     """The model the client requested, exactly (`export --model`, `replay --from-model`)."""
     originals_only: bool = False
@@ -58,7 +62,8 @@ class Filters:
         tagged: Callable[[str, str], sa.ColumnElement[bool]],
     ) -> list[sa.ColumnElement[bool]]:
         """The filters the cost report has, on `table` (exchanges or rollups: the same
-        `model`, `response_model`, `key_hint` and `key_hash` columns) with its `time`;
+        `model`, `response_model`, `key_hint`, `key_hash`, `end_user` and `upstream` columns)
+        with its `time`;
         `tagged(k, v)` says a row has tag k=v."""
         found = []
         if self.since is not None:
@@ -74,5 +79,9 @@ class Filters:
                     table.c.key_hash.startswith(self.key.lower(), autoescape=True),
                 )
             )
+        if self.user is not None:
+            found.append(table.c.end_user == self.user)
+        if self.upstream is not None:
+            found.append(table.c.upstream == self.upstream)
         found += [tagged(key, value) for key, value in self.tags]
         return found

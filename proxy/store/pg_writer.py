@@ -21,7 +21,7 @@ from proxy.store.rows import (
     merged_fingerprints,
     not_stored,
     records,
-    table_rows,
+    table_records,
     unique,
 )
 
@@ -64,12 +64,10 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     fresh = not_stored(by_id, found.scalars())
     driver = await _driver(conn)
     with _refused_as_value_error():
-        for table, rows in table_rows(fresh):
+        for table, rows in table_records(fresh):
             # Only exchanges not yet stored get here (checked in this transaction; a process
             # writes its own exchanges one batch at a time), so no ON CONFLICT is needed.
-            await driver.copy_records_to_table(
-                table.name, records=records(table, rows), columns=columns(table)
-            )
+            await driver.copy_records_to_table(table.name, records=rows, columns=columns(table))
         merged = merged_fingerprints([rows.fingerprint for rows in fresh if rows.fingerprint])
         if merged:
             await driver.executemany(COUNT_FINGERPRINTS, records(t.fingerprints, merged))

@@ -5,7 +5,9 @@ added to the daily rollups (`rollups.fold_query`, `rollups.save`) in the transac
 deletes it, so a cost report sees each exchange exactly once at every moment. Only what the
 DELETE says it removed is folded (RETURNING), so two pruners racing over the same rows never
 count one twice. Children are deleted explicitly, not left to `ON DELETE CASCADE`, which
-SQLite applies only on connections that turned foreign keys on.
+SQLite applies only on connections that turned foreign keys on. On a PostgreSQL database
+partitioned by day (migration 0010), each whole day due is folded and dropped at once first
+(`partitions`); the batches then take what is left.
 
 Short transactions keep SQLite's write lock free for the recorder's writer: the batch is
 chosen and read before the first DELETE takes the lock, the transaction runs in one call on a
@@ -22,13 +24,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.store import rollups
+from proxy.store import partitions, rollups
 from proxy.store import tables as t
 from proxy.store.engine import SQLITE_BUSY_TIMEOUT_MS as BUSY_MS
 from proxy.store.engine import sqlite_pragmas
@@ -164,6 +167,8 @@ async def prune(
     oldest first, `batch` at a time (default: `BATCH`). Stops early, between batches, once
     `stop` is set."""
     done = Pruned()
+    if not bodies:
+        await _drop_days(pruner, before, done, pause, stop)
     after: list[Any] = []
     size = batch or pruner.batch
     while stop is None or not stop.is_set():
@@ -176,6 +181,26 @@ async def prune(
         done.longest = max(done.longest, took)
         await asyncio.sleep(max(pause, SHARE * took))
     return done
+
+
+async def _drop_days(
+    pruner: Pruner, before: datetime, done: Pruned, pause: float, stop: asyncio.Event | None
+) -> None:
+    """On a partitioned PostgreSQL database, every whole day due goes at once, a transaction
+    each (`partitions.drop_day`); the batches then prune what no dropped day held."""
+    due = await pruner.run(
+        lambda conn: partitions.due_days(conn, before) if partitions.is_partitioned(conn) else []
+    )
+    took = 0.0
+    for n, day in enumerate(due):
+        if n:  # between two days, as between two batches
+            await asyncio.sleep(max(pause, SHARE * took))
+        if stop is not None and stop.is_set():
+            return
+        began = time.monotonic()
+        done.count += await pruner.run(partial(partitions.drop_day, day=day))
+        took = time.monotonic() - began
+        done.longest = max(done.longest, took)
 
 
 def _batch(

@@ -197,6 +197,7 @@ def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any
         "key_hint": row["key_hint"],
         "key_hash": row["key_hash"],
         "replay_of": row["replay_of"],
+        "session": row["session"],
         "ttfb_ms": row["ttfb_ms"],
         "ttft_ms": row["ttft_ms"],
         "duration_ms": row["duration_ms"],
@@ -225,13 +226,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def _local(iso: str | None) -> str:
-    return "-" if iso is None else datetime.fromisoformat(iso).astimezone().strftime("%F %T")
+def _utc(iso: str | None) -> str:
+    """A stored time in UTC, as the console shows times (`--since` takes any zone)."""
+    return "-" if iso is None else datetime.fromisoformat(iso).astimezone(UTC).strftime("%F %T")
 
 
 def render_table(summaries: list[dict[str, Any]]) -> str:
-    """`logs` as aligned columns; times in local time."""
-    header = ("STARTED", "ID", "MODEL", "STATUS", "OUTCOME", "TOKENS", "MS", "USER", "TAGS")
+    """`logs` as aligned columns; times in UTC, as the header says."""
+    header = ("STARTED (UTC)", "ID", "MODEL", "STATUS", "OUTCOME", "TOKENS", "MS", "USER", "TAGS")
     lines: list[tuple[str, ...]] = [header]
     for s in summaries:
         tokens = "-"
@@ -239,7 +241,7 @@ def render_table(summaries: list[dict[str, Any]]) -> str:
             tokens = f"{s['prompt_tokens'] or 0}/{s['completion_tokens'] or 0}"
         lines.append(
             (
-                _local(s["started_at"]),
+                _utc(s["started_at"]),
                 s["id"],
                 s["response_model"] or s["model"] or "-",  # the one model name
                 "-" if s["status"] is None else str(s["status"]),
@@ -280,7 +282,7 @@ def render_exchange(shown: dict[str, Any]) -> str:
     tokens = shown["tokens"] or {}
     facts = [
         ("id", shown["id"]),
-        ("started", f"{_local(shown['started_at'])} ({shown['started_at']})"),
+        ("started", f"{_utc(shown['started_at'])} UTC ({shown['started_at']})"),
         ("request", f"{shown['method']} {shown['path']} -> {shown['upstream']}"),
         (
             "status",

@@ -137,22 +137,20 @@ class DatabaseRecorder:
         return self._engine
 
     async def start(self) -> None:
-        """Open the journal (raises `StoreError` if another process holds it) and start writing.
-
-        What an earlier run journaled and did not commit is written as soon as the database
-        answers. Idempotent: `open_recorder` starts the recorder, the app's cleanup context may
-        again.
-        """
+        """Open the journal (raises `StoreError` if another process holds it) and start writing;
+        what an earlier run journaled and did not commit is written once the database answers.
+        Idempotent: `open_recorder` starts the recorder, the app's cleanup context may again."""
         if self._task is not None:
             return
         self.journal.open()
+        self.backlog.opened()
         if self.journal.problem:
             log.warning("%s: records are kept in memory only until it is", self.journal.problem)
         self._engine = self.engine  # a malformed URL fails here, not inside the writer
         self._writer = writer_for(self._engine, self._busy_timeout_ms)
         self._task = asyncio.create_task(self._run(), name="flightrec-writer")
 
-    def record(self, exchange: Exchange) -> None:
+    def accept(self, exchange: Exchange) -> None:
         if self._closed:
             self._keep_after_close([exchange])
             return
@@ -160,10 +158,18 @@ class DatabaseRecorder:
 
     def readiness(self) -> str | None:
         """None while records reach the database without piling up; else why not."""
+        return self.safety() or self.database_state()
+
+    def safety(self) -> str | None:
+        """None while records are kept safe, the journal taking them; else why not."""
         if self._closing:
             return "shutting down"
         if self.journal.problem:
             return f"{self.journal.problem}: records are kept in memory only"
+        return None
+
+    def database_state(self) -> str | None:
+        """None while the database takes records as they come; else why not."""
         if not self._healthy:
             return f"database unavailable: {self._reason}"
         if self._writing_since is not None:
@@ -174,10 +180,7 @@ class DatabaseRecorder:
             return "queue saturated: the database writer is behind"
         return None
 
-    def ready(self) -> bool:
-        return self.readiness() is None
-
-    async def close(self) -> None:
+    async def stop(self) -> None:
         """Write out what is held within `shutdown_grace`; what is journaled and not written
         yet is written by the next start."""
         if self._task is None or self._closed:
@@ -238,8 +241,7 @@ class DatabaseRecorder:
                 self._held = batch
                 if await self._deliver(batch[0]):
                     self._held = None
-                    if batch[1] is not None:
-                        self.journal.commit(batch[1])
+                    self.backlog.commit(batch)
             except Exception:  # a bug must not stop the writer: keep the batch, go on
                 log.exception("record writer failed; keeping the batch")
                 self._failed("the writer failed")

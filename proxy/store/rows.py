@@ -23,7 +23,9 @@ import sqlalchemy as sa
 from proxy.exchange import Exchange
 from proxy.store import tables as t
 from proxy.store.bodies import stored_bodies
+from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
+from proxy.store.logprob_rows import Record, logprob_records
 from proxy.usage import Usage
 
 Row = dict[str, Any]
@@ -41,7 +43,8 @@ class Rows:
     completions: list[Row] = field(default_factory=list)
     choices: list[Row] = field(default_factory=list)
     usage: list[Row] = field(default_factory=list)
-    logprobs: list[Row] = field(default_factory=list)
+    logprobs: list[Record] = field(default_factory=list)
+    """Already the drivers' tuples (`store.logprob_rows`): a row per token."""
     raw_streams: list[Row] = field(default_factory=list)
     fingerprint: Row | None = None
     """A `fingerprints` row counting this exchange once; the writers merge and upsert them."""
@@ -107,6 +110,9 @@ def rows_for(ex: Exchange) -> Rows:
     # Choices and logprobs are the response's content: an omitted response has none of them.
     if _is_chat_completion(response) and not ex.omit_response:
         _completion_rows(exchange_id, response, rows)
+    elif response.get("object") == "text_completion" and not ex.omit_response:
+        for index, tokens in completion_tokens(response):
+            rows.logprobs.extend(logprob_records(exchange_id, index, "content", tokens))
     gz = stored_bodies(ex).raw_stream_gz
     if gz is not None:
         pacing = ex.raw_pacing
@@ -167,6 +173,7 @@ def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
         "cost_usd": _float(ex.cost_usd),
         "price_entry": _text(ex.price_entry),
         "redacted": _json(ex.redacted),
+        "session": _text(ex.session),
         "service_tier": _text(ex.service_tier),
     }
 
@@ -254,24 +261,7 @@ def _completion_rows(exchange_id: str, response: dict[str, Any], rows: Rows) -> 
         for kind in ("content", "refusal"):
             tokens = logprobs.get(kind)
             if isinstance(tokens, list):
-                rows.logprobs.extend(_logprob_rows(exchange_id, index, kind, tokens))
-
-
-def _logprob_rows(exchange_id: str, index: int, kind: str, tokens: list[Any]) -> Iterable[Row]:
-    for position, raw in enumerate(tokens):
-        token = _dict(raw)
-        found_bytes = token.get("bytes")
-        found_top = token.get("top_logprobs")
-        yield {
-            "exchange_id": exchange_id,
-            "choice_index": index,
-            "kind": kind,
-            "position": position,
-            "token": _text(token.get("token")) or "",
-            "logprob": _float(token.get("logprob")),
-            "bytes": dumps(found_bytes) if isinstance(found_bytes, list) else None,
-            "top_logprobs": dumps(found_top) if isinstance(found_top, list) else None,
-        }
+                rows.logprobs.extend(logprob_records(exchange_id, index, kind, tokens))
 
 
 def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
@@ -296,19 +286,22 @@ _CHILDREN = (
     (t.completions, "completions"),
     (t.choices, "choices"),
     (t.usage, "usage"),
-    (t.logprobs, "logprobs"),
     (t.raw_streams, "raw_streams"),
 )
 
 
-def table_rows(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Row]]]:
-    """(table, rows) to insert for exchanges not stored yet, parents first, none empty."""
+def table_records(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record]]]:
+    """(table, records) to insert for exchanges not stored yet, parents first, none empty;
+    each record a tuple of the table's columns in declared order."""
     if fresh:
-        yield t.exchanges, [rows.exchange for rows in fresh]
+        yield t.exchanges, records(t.exchanges, [rows.exchange for rows in fresh])
     for table, attr in _CHILDREN:
         children = [row for rows in fresh for row in getattr(rows, attr)]
         if children:
-            yield table, children
+            yield table, records(table, children)
+    logprobs = [record for rows in fresh for record in rows.logprobs]
+    if logprobs:
+        yield t.logprobs, logprobs
 
 
 def columns(table: sa.Table) -> list[str]:

@@ -82,12 +82,19 @@ class StoredRequest:
     """The request JSON; None for a request without a body."""
 
 
-async def stream_requests(engine: AsyncEngine, batch: int = BATCH) -> AsyncIterator[StoredRequest]:
-    """The requests of every exchange playback can answer, oldest first: it succeeded, its
-    request and response were kept, its request was JSON or empty, and a stream's exact bytes
-    were kept."""
+async def stream_requests(
+    engine: AsyncEngine, batch: int = BATCH, *, errors: bool = False
+) -> AsyncIterator[StoredRequest]:
+    """The requests of every exchange playback can answer, oldest first: it succeeded (or,
+    with `errors`, the upstream answered it with an error status: a 429, a 500), its request
+    and response were kept, its request was JSON or empty, and a stream's exact bytes were
+    kept."""
     ex, raw = t.exchanges, t.raw_streams
     has_raw = sa.exists().where(raw.c.exchange_id == ex.c.id)
+    answered = sa.and_(ex.c.outcome == "ok", ex.c.status < 400)
+    if errors:
+        failed = sa.and_(ex.c.outcome == "upstream_error", ex.c.status >= 400)
+        answered = sa.or_(answered, failed)
     query = (
         sa.select(
             ex.c.id,
@@ -100,8 +107,7 @@ async def stream_requests(engine: AsyncEngine, batch: int = BATCH) -> AsyncItera
             ex.c.request_body,
         )
         .where(
-            ex.c.outcome == "ok",
-            ex.c.status < 400,
+            answered,
             ex.c.request_omitted.is_(False),
             ex.c.response_omitted.is_(False),
             sa.or_(ex.c.stream.is_(False), has_raw),

@@ -36,14 +36,14 @@ import sqlalchemy as sa
 
 from proxy.store import tables as t
 from proxy.store.engine import create_private, describe, sqlite_pragmas
+from proxy.store.logprob_rows import Record
 from proxy.store.rows import (
-    Row,
     Rows,
     columns,
     merged_fingerprints,
     not_stored,
-    record_getter,
-    table_rows,
+    records,
+    table_records,
     unique,
 )
 from proxy.store.turns import Turns
@@ -180,14 +180,15 @@ class SqliteWriter:
         try:
             fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
             turns = Turns()
-            for table, rows in table_rows(fresh):
+            for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
-                for start in range(0, len(rows), size):
+                for start in range(0, len(found), size):
                     await turns.give()
-                    _insert(con, table, rows[start : start + size])
+                    _insert(con, table, found[start : start + size])
             fingerprints = merged_fingerprints([r.fingerprint for r in fresh if r.fingerprint])
             if fingerprints:
-                con.executemany(COUNT_FINGERPRINTS, _sqlite_records(t.fingerprints, fingerprints))
+                merged = records(t.fingerprints, fingerprints)
+                con.executemany(COUNT_FINGERPRINTS, _sqlite_records(t.fingerprints, merged))
             await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)
@@ -274,21 +275,21 @@ def _stored_ids(con: sqlite3.Connection, ids: list[str]) -> list[str]:
     return stored
 
 
-def _insert(con: sqlite3.Connection, table: sa.Table, rows: list[Row]) -> None:
-    """One multi-row INSERT, not executemany: sqlite3 gives up the GIL around every statement
-    step, and a step per row made the writer and the relay trade the GIL row by row."""
-    con.execute(_insert_sql(table, len(rows)), _insert_values(table, rows))
+def _insert(con: sqlite3.Connection, table: sa.Table, found: list[Record]) -> None:
+    """One multi-row INSERT (its text cached by size, so sqlite3's statement cache keeps it
+    prepared), not `executemany`: sqlite3 resets the statement and gives up the GIL around
+    every step, a step per row, and that cost more CPU a row (docs/performance.md)."""
+    con.execute(_insert_sql(table, len(found)), _insert_values(table, found))
 
 
-def _insert_values(table: sa.Table, rows: list[Row]) -> list[Any]:
-    """`records` flattened for one INSERT, with what Python 3.11's sqlite3 binds slowly
+def _insert_values(table: sa.Table, found: list[Record]) -> list[Any]:
+    """`found` flattened for one INSERT, with what Python 3.11's sqlite3 binds slowly
     replaced by what it binds fast and SQLite stores the same: None by `SQLITE_NULL`, times by
     SQLAlchemy's SQLite DateTime text, booleans by 0 and 1. sqlite3 looks for an adapter for
     any value that is not exactly str, int, float or bytes, and for None and bool that costs an
     AttributeError raised and cleared (docs/performance.md, *How records get there*)."""
     null = sqlite_null()
-    get = record_getter(table)
-    values = [null if v is None else v for row in rows for v in get(row)]
+    values = [null if v is None else v for record in found for v in record]
     width = len(table.columns)
     for i, to_sqlite in _converters(table):
         for at in range(i, len(values), width):
@@ -318,9 +319,9 @@ def _insert_sql(table: sa.Table, count: int) -> str:
     return f'INSERT INTO "{table.name}" ({names}) VALUES ' + ", ".join([row] * count)
 
 
-def _sqlite_records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
+def _sqlite_records(table: sa.Table, found: list[Record]) -> list[tuple[Any, ...]]:
     """`_insert_values` as one tuple per row, for `executemany`."""
-    values, width = _insert_values(table, rows), len(table.columns)
+    values, width = _insert_values(table, found), len(table.columns)
     return [tuple(values[at : at + width]) for at in range(0, len(values), width)]
 
 

@@ -94,6 +94,8 @@ exchanges = sa.Table(
     sa.Column("price_entry", sa.String()),
     # Which `[[redact]]` rules matched, and what was not kept (migration 0005).
     sa.Column("redacted", Json),
+    # The session the exchange belongs to (migration 0006).
+    sa.Column("session", sa.String()),
     # The service tier the response reported, which chose the price (migration 0007).
     sa.Column("service_tier", sa.String()),
     sa.Index(None, "started_at"),
@@ -102,6 +104,7 @@ exchanges = sa.Table(
     # Partial: most records have no user and are not replays (migration 0002).
     sa.Index(None, "end_user", "started_at", **_where_set("end_user")),
     sa.Index(None, "replay_of", **_where_set("replay_of")),
+    sa.Index(None, "session", "started_at", **_where_set("session")),
     # Partial: only failures, what the console's error filters look for (migration 0003).
     sa.Index(None, "outcome", "started_at", **_where("outcome <> 'ok'")),
     sa.Index(None, "status", "started_at", **_where("status >= 400")),
@@ -230,3 +233,34 @@ rollup_tags = sa.Table(
     sa.Column("value", sa.String(), nullable=False),
     sa.Index(None, "key", "value"),
 )
+
+alert_state = sa.Table(
+    "alert_state",
+    metadata,
+    sa.Column("alert", sa.String(), primary_key=True),
+    sa.Column("group_key", sa.String(), primary_key=True),
+    sa.Column("state", sa.String(), nullable=False),
+    sa.Column("value", sa.Double()),
+    sa.Column("threshold", sa.Double()),
+    sa.Column("detail", sa.Text()),
+    sa.Column("changed_at", Time, nullable=False),
+)
+"""One row per alert (or budget) and group: `ok`, `firing`, or a budget's level (`50`, `80`,
+`100`). Moved only by a compare-and-set update (`proxy/alerts/state.py`), so that of all the
+processes sharing the database, one delivers each crossing (migration 0009)."""
+
+alert_events = sa.Table(
+    "alert_events",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("at", Time, nullable=False),
+    sa.Column("alert", sa.String(), nullable=False),
+    sa.Column("group_key", sa.String(), nullable=False),
+    sa.Column("state", sa.String(), nullable=False),
+    sa.Column("previous", sa.String(), nullable=False),
+    sa.Column("value", sa.Double()),
+    sa.Column("threshold", sa.Double()),
+    sa.Column("detail", sa.Text()),
+    sa.Index(None, "at"),
+)
+"""Every move of an `alert_state` row: what the console's `/alerts` lists as past alerts."""

@@ -1,0 +1,1 @@
+"""Pure parsing, no I/O: stream events, reassembly, WebSocket sessions."""

@@ -9,7 +9,10 @@ never copied, so folding a chunk costs a few microseconds. Vendors bend the chun
 many ways (Azure filter chunks, Ollama's repeated role, vLLM and llama.cpp extras, deltas
 without `index`); the rules below keep every piece of data and drop only padding. Unknown
 keys follow one rule: strings in a delta append, lists in a delta extend, any other value
-(and every unknown choice-level or top-level key) keeps its last non-null value.
+(and every unknown choice-level or top-level key) keeps its last non-null value. A key the
+stream never carried is not in the record: `content` and `refusal` of a message, a choice's
+`logprobs` and the lists in it appear only where a chunk had them, null or not (OpenAI's
+streams name them all; llama.cpp's name no `refusal`).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class _Choice:
         "message_extra",
         "refusal",
         "role",
+        "seen",
         "tools",
     )
 
@@ -132,6 +136,9 @@ class _Choice:
         self.logprobs: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.extra: dict[str, Any] = {}
+        self.seen: set[str] = set()
+        """Which of `content`, `refusal` (in a delta) and `logprobs` the stream carried, null
+        or not: a key it never carried is not in the record."""
 
     def add(self, choice: dict[str, Any]) -> bool:
         output = False
@@ -140,6 +147,7 @@ class _Choice:
                 if value:
                     output = self._delta(value)
             elif key == "logprobs":
+                self.seen.add(key)
                 if value is not None:
                     self._logprobs(value)
             elif key == "finish_reason":
@@ -155,6 +163,7 @@ class _Choice:
         output = False
         for key, value in delta.items():
             if key == "content":
+                self.seen.add(key)
                 if value is not None:
                     if self.content is None:
                         self.content = _Text()
@@ -167,6 +176,7 @@ class _Choice:
                 if value:
                     output = self._tool_calls(value) or output
             elif key == "refusal":
+                self.seen.add(key)
                 if value is not None:
                     if self.refusal is None:
                         self.refusal = _Text()
@@ -231,33 +241,32 @@ class _Choice:
 
     def _logprobs(self, logprobs: dict[str, Any]) -> None:
         # `content` / `refusal` stay None until a list arrives: None and [] mean different
-        # things (no content at all vs. content without tokens).
+        # things (no content at all vs. content without tokens). Only keys given appear.
         acc = self.logprobs
         if acc is None:
-            acc = self.logprobs = {"content": None, "refusal": None}
+            acc = self.logprobs = {}
         for key, value in logprobs.items():
             _fold(acc, key, value)
 
     def result(self) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "role": self.role or "assistant",
-            "content": None if self.content is None else "".join(self.content),
-            "refusal": None if self.refusal is None else "".join(self.refusal),
-        }
+        message: dict[str, Any] = {"role": self.role or "assistant"}
+        if "content" in self.seen:
+            message["content"] = None if self.content is None else "".join(self.content)
+        if "refusal" in self.seen:
+            message["refusal"] = None if self.refusal is None else "".join(self.refusal)
         if self.tools:
             message["tool_calls"] = [self.tools[k].result() for k in sorted(self.tools)]
         for key, value in self.message_extra.items():
             message[key] = _finish(value)
-        logprobs = None
-        if self.logprobs is not None:
-            logprobs = {k: _finish(v) for k, v in self.logprobs.items()}
-        return {
-            "index": self.index,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": self.finish_reason,
-            **self.extra,
-        }
+        out: dict[str, Any] = {"index": self.index, "message": message}
+        if "logprobs" in self.seen:
+            logprobs = self.logprobs
+            out["logprobs"] = (
+                None if logprobs is None else {k: _finish(v) for k, v in logprobs.items()}
+            )
+        out["finish_reason"] = self.finish_reason
+        out.update(self.extra)
+        return out
 
 
 class ChatAssembler:

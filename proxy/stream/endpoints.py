@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.stream.chat import ChatAssembler
-from proxy.stream.responses import TERMINAL_EVENTS, CompletionAssembler, ResponsesAssembler
+from proxy.stream.completions import CompletionAssembler
+from proxy.stream.responses import TERMINAL_EVENTS, ResponsesAssembler
 
 
 class Assembler(Protocol):

@@ -9,6 +9,7 @@ folded by its endpoint's assembler (`endpoints.py`); any other body is kept up t
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -20,6 +21,30 @@ from proxy.stream.withhold import holds_usage, is_usage_event
 
 READABLE = ("", "identity", "gzip", "x-gzip", "deflate")
 """Content-Encodings the record can decode."""
+
+
+@dataclass(frozen=True, slots=True)
+class BodySettings:
+    """How one response body is read for the record: what it is, and the record's bounds."""
+
+    endpoint: Endpoint
+    encoding: str
+    """The body's Content-Encoding, lower-cased (`""` or `identity`: none)."""
+    sse: bool
+    """The body is an event stream (`text/event-stream`)."""
+    injected: bool
+    """The proxy asked the upstream for stream usage itself."""
+    withhold: bool
+    """The usage event the proxy asked for is kept from the client."""
+    started: float
+    """`time.perf_counter()` when the request arrived (time to first token counts from it)."""
+    max_record_bytes: int = 16 * 1024 * 1024
+    """Bytes of a non-stream body the record keeps."""
+    max_stream_record_bytes: int = 16 * 1024 * 1024
+    """Bytes of a stream the record is made from; past them only what the record cannot do
+    without is read (`_past_the_bound`)."""
+    keep_raw: bool = False
+    """Keep a stream's exact bytes and pacing (`store_raw_stream`)."""
 
 
 class Decoder:
@@ -60,26 +85,16 @@ class BodyReader:
     def __init__(
         self,
         exchange: Exchange,
-        endpoint: Endpoint,
-        *,
-        encoding: str,
-        sse: bool,
-        withhold: bool,
-        injected: bool,
-        max_record_bytes: int,
-        max_stream_record_bytes: int,
-        started: float,
+        settings: BodySettings,
     ) -> None:
         self._exchange = exchange
-        self._endpoint = endpoint
-        self._withhold = withhold
-        self._injected = injected
-        self._started = started
-        self._max = max_record_bytes
-        """Bytes of a non-stream body the record keeps."""
-        self._max_stream = max_stream_record_bytes
-        """Bytes of a stream the record is made from; past them only what the record cannot
-        do without is read (`_past_the_bound`)."""
+        endpoint = self._endpoint = settings.endpoint
+        encoding, sse = settings.encoding, settings.sse
+        self._withhold = settings.withhold
+        self._injected = settings.injected
+        self._started = settings.started
+        self._max = settings.max_record_bytes
+        self._max_stream = settings.max_stream_record_bytes
         self._stream_bytes = 0
         self.truncated = False
         """The stream is past `max_stream_record_bytes`."""

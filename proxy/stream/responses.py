@@ -1,10 +1,7 @@
-"""Reassemblers for the streaming endpoints other than chat completions. Pure, like
-`assemble.py`, with the same surface (`endpoints.Assembler`): `add(event) -> bool`, `usage`,
-`error`, `result()`.
+"""Reassembles a Responses API stream. Pure, like `chat.py`, with the same surface
+(`endpoints.Assembler`): `add(event) -> bool`, `usage`, `error`, `result()`.
 
-- `CompletionAssembler`: legacy `/completions` (`text_completion` chunks) into the object a
-  non-streaming call returns.
-- `ResponsesAssembler`: Responses API events. A finished stream carries the whole response in
+Responses API events: A finished stream carries the whole response in
   its terminal event, and that is the record. A stream cut short is rebuilt from the last
   snapshot, the finished output items (`response.output_item.done`) and, for items not
   finished, every string received so far (text, refusal, reasoning and its summary, function
@@ -19,69 +16,6 @@ from typing import Any
 Json = dict[str, Any]
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-_LOGPROB_LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
-
-
-class CompletionAssembler:
-    def __init__(self) -> None:
-        self._head: Json = {}
-        self._choices: dict[int, Json] = {}
-        self._texts: dict[int, list[str]] = {}
-        self._usage: Json | None = None
-
-    @property
-    def usage(self) -> Json | None:
-        return self._usage
-
-    @property
-    def error(self) -> Any:
-        """Completion streams report errors only as `error` events."""
-        return None
-
-    def add(self, chunk: Json) -> bool:
-        for key in ("id", "created", "model"):
-            if key not in self._head and chunk.get(key):
-                self._head[key] = chunk[key]
-        if chunk.get("system_fingerprint") is not None:
-            self._head["system_fingerprint"] = chunk["system_fingerprint"]
-        if isinstance(chunk.get("usage"), dict):
-            self._usage = chunk["usage"]
-        produced = False
-        for delta in chunk.get("choices") or ():
-            if not isinstance(delta, dict):
-                continue
-            index = delta.get("index", 0)
-            choice = self._choices.setdefault(
-                index, {"index": index, "logprobs": None, "finish_reason": None}
-            )
-            text = delta.get("text")
-            if isinstance(text, str) and text:
-                self._texts.setdefault(index, []).append(text)
-                produced = True
-            if delta.get("finish_reason") is not None:
-                choice["finish_reason"] = delta["finish_reason"]
-            logprobs = delta.get("logprobs")
-            if isinstance(logprobs, dict):
-                merged = choice["logprobs"] = choice["logprobs"] or {k: [] for k in _LOGPROB_LISTS}
-                for key in _LOGPROB_LISTS:
-                    merged[key].extend(logprobs.get(key) or ())
-        return produced
-
-    def result(self) -> Json:
-        choices = []
-        for index in sorted(self._choices):
-            choice = self._choices[index]
-            text = "".join(self._texts.get(index, ()))
-            choices.append({"text": text, **choice})
-        out: Json = {"id": self._head.get("id"), "object": "text_completion"}
-        out["created"] = self._head.get("created")
-        out["model"] = self._head.get("model")
-        if "system_fingerprint" in self._head:
-            out["system_fingerprint"] = self._head["system_fingerprint"]
-        out["choices"] = choices
-        if self._usage is not None:
-            out["usage"] = self._usage
-        return out
 
 
 class ResponsesAssembler:

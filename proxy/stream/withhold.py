@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from proxy.stream.carry import FinishCarry
 from proxy.stream.sse import SSEParser
 
 _KEY = rb'"(?:u|\\u0075)(?:s|\\u0073)(?:a|\\u0061)(?:g|\\u0067)(?:e|\\u0065)"'
@@ -35,7 +36,7 @@ _NULL_MEMBER = b',"usage":null'
 
 def _first_key(events: bytes) -> int:
     """Where the first usage key in `events` may be: 0 when one may be spelled with escapes
-    (a one-byte search first, far cheaper than the four-byte one: docs/performance.md), -1
+    (a one-byte search first, then the four-byte one: docs/performance.md), -1
     when there is none."""
     if b"\\" in events and _ESCAPE in events:
         return 0
@@ -62,13 +63,14 @@ def whole_events(piece: bytes, end: int | None = None) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
-def without_usage_events(events: bytes) -> bytes:
+def without_usage_events(events: bytes, cut: list[bytes] | None = None) -> bytes:
     """Whole events, from between events, as the client gets them: without usage events and
     `"usage":null` members. OpenAI's `"usage":null` members go first, so the events are read
     as the client would get them, and the usage keys left are few (nearly always the usage
     event's own): the search for them starts at the first (at the start when a key may be
     spelled with escapes), and only the events holding one are parsed, each alone. `events`
-    do not start as a byte order mark might (`may_start_with_bom`)."""
+    do not start as a byte order mark might (`may_start_with_bom`). The usage events cut out
+    are added to `cut`."""
     events = events.replace(_NULL_MEMBER, b"")
     first = _first_key(events)
     if first < 0:
@@ -82,6 +84,8 @@ def without_usage_events(events: bytes) -> bytes:
         for cut_start, cut_end in _usage_events(events, start, end):
             kept.append(events[at:cut_start])
             at = cut_end
+            if cut is not None:
+                cut.append(events[cut_start:cut_end])
         found = _USAGE_VALUE.search(events, end)
     if at:
         kept.append(events[at:])
@@ -141,6 +145,7 @@ class Withholder:
     """Holds the bytes of the event being received, and drops the events it is told to."""
 
     def __init__(self) -> None:
+        self.carry = FinishCarry()
         self._held = bytearray()
         self._base = 0
         """Stream offset of `_held[0]`."""
@@ -152,14 +157,27 @@ class Withholder:
         received starts) without the spans in `drops` and without `"usage":null` members."""
         self._held += piece
         out = bytearray()
+        cut: list[bytes] = []
         for start, end in drops:
             out += self._take(start)
-            dropped = self._held[: end - self._base]
+            dropped = bytes(self._held[: end - self._base])
             del self._held[: end - self._base]
             self._base = end
             self._skip_lf = dropped.endswith(b"\r")
+            cut.append(dropped)
         out += self._take(safe)
-        return without_null_usage(bytes(out))
+        return self.carry.out(without_null_usage(bytes(out)), cut)
+
+    def whole(self, events: bytes) -> bytes:
+        """Whole events, from between events, as the client gets them (`without_usage_events`),
+        a finish chunk among them carrying what a usage event cut out carried for it."""
+        cut: list[bytes] = []
+        out = without_usage_events(events, cut)
+        return self.carry.out(out, cut)
+
+    def flush(self) -> bytes:
+        """The bytes still held for the client: the body has ended."""
+        return self.carry.flush()
 
     def passed(self, upto: int) -> None:
         """The bytes up to stream offset `upto` went to the client another way (whole events,

@@ -10,8 +10,10 @@ import orjson
 
 from proxy.text import printable
 
-_VOLATILE = frozenset({"id", "created", "model", "system_fingerprint", "usage", "service_tier"})
-"""Response fields that differ between two identical answers."""
+_VOLATILE = frozenset(
+    {"id", "created", "model", "system_fingerprint", "usage", "service_tier", "timings"}
+)
+"""Response fields that differ between two identical answers (`timings`: llama.cpp's)."""
 
 
 def _choices(response: Any) -> list[dict[str, Any]]:
@@ -100,18 +102,34 @@ def _stripped(response: Any) -> Any:
     return response
 
 
-def content_diff(original: str | None, replayed: str | None) -> str:
-    """A unified diff of two answers' text; empty when they are the same."""
-    if original == replayed:
+def _generated(response: Any) -> bool:
+    """Whether `response` is a generation (choices or Responses API output): what it means is
+    its text, tool calls and finish reasons, never its ids or a vendor's extras."""
+    return isinstance(response, dict) and ("choices" in response or "output" in response)
+
+
+def meaning(response: Any) -> list[str]:
+    """What a user reads in an answer, as lines: its text, then each tool call (name and
+    arguments, ids left out), then its finish reasons."""
+    lines = (content_of(response) or "").splitlines()
+    for index, calls in enumerate(tool_calls_of(response)):
+        for name, arguments in calls:
+            shown = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+            lines.append(f"[tool call {index}] {name}({shown})")
+    reasons = _finish_reasons(response)
+    if reasons:
+        lines.append(f"[finish reason] {', '.join(str(r) for r in reasons)}")
+    return lines
+
+
+def content_diff(original: Any, replayed: Any) -> str:
+    """A unified diff of what two answers mean (`meaning`), one line per line, each ending in a
+    newline whether the answers' text did or not; empty when they mean the same."""
+    old, new = meaning(original), meaning(replayed)
+    if old == new:
         return ""
-    return "".join(
-        difflib.unified_diff(
-            (original or "").splitlines(keepends=True),
-            (replayed or "").splitlines(keepends=True),
-            "original",
-            "replay",
-        )
-    )
+    lines = difflib.unified_diff(old, new, "original", "replay", lineterm="")
+    return "".join(line + "\n" for line in lines)
 
 
 def compare(original: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +138,7 @@ def compare(original: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any
     old_text, new_text = content_of(old), content_of(new)
     same_content = (
         old_text == new_text
-        if old_text is not None or new_text is not None
+        if _generated(old) or _generated(new) or old_text is not None or new_text is not None
         else _stripped(old) == _stripped(new)
     )
     old_fp, new_fp = original["system_fingerprint"], replayed["system_fingerprint"]
@@ -144,7 +162,28 @@ def compare(original: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any
         "usage_delta": {k: None if v is None else int(v) for k, v in usage_delta.items()},
         "cost_delta_usd": _delta(replayed["cost_usd"], original["cost_usd"], 10),
         "latency_delta_ms": _delta(replayed["duration_ms"], original["duration_ms"], 1),
-        "diff": content_diff(old_text, new_text),
+        "diff": content_diff(old, new),
+    }
+
+
+def failed(original: dict[str, Any], error: str) -> dict[str, Any]:
+    """The `replay --json` object of a replay that left nothing to compare: `error` says why."""
+    return {
+        "original": original["id"],
+        "replay": None,
+        "original_model": original["response_model"] or original["model"],
+        "replay_model": None,
+        "status": None,
+        "outcome": "replay_failed",
+        "error": error,
+        "same_content": False,
+        "same_tool_calls": False,
+        "same_finish_reason": False,
+        "fingerprint_changed": None,
+        "usage_delta": dict.fromkeys(("prompt_tokens", "completion_tokens", "total_tokens")),
+        "cost_delta_usd": None,
+        "latency_delta_ms": None,
+        "diff": "",
     }
 
 
@@ -156,6 +195,9 @@ def render(comparisons: list[dict[str, Any]]) -> str:
     """`replay` for people: one block per replay, with the text diff when the answer changed."""
     blocks = []
     for c in comparisons:
+        if c["replay"] is None:
+            blocks.append(f"{c['original']} -> no replay ({c['outcome']})\n  error: {c['error']}")
+            continue
         usage = c["usage_delta"]
         fingerprint = {None: "unknown", True: "changed", False: "same"}[c["fingerprint_changed"]]
         lines = [

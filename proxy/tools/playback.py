@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import signal
@@ -52,6 +53,10 @@ class PlaybackOptions:
     a path through a list applies to each of its items. Empty: exact match."""
     miss: Literal["error", "forward"] = "error"
     timing: Literal["recorded", "fast"] = "fast"
+    errors: bool = False
+    """Also play back the upstream's error answers (a 429, a 500): each request's recorded
+    answers in the order they came, so a client's retries meet the failures and then the
+    success it met."""
 
 
 def _drop(value: Any, path: list[str]) -> Any:
@@ -83,24 +88,43 @@ def request_key(method: str, rest: str, query: str, body: bytes) -> bytes:
 
 
 async def load_index(
-    engine: AsyncEngine, upstreams: tuple[Upstream, ...], ignore_fields: tuple[str, ...]
-) -> dict[bytes, str]:
-    """Request key -> id of the newest successful exchange with that request."""
-    index: dict[bytes, str] = {}
-    async for stored in stream_requests(engine):
+    engine: AsyncEngine,
+    upstreams: tuple[Upstream, ...],
+    ignore_fields: tuple[str, ...],
+    errors: bool = False,
+) -> dict[bytes, list[str]]:
+    """Request key -> the id of the newest successful exchange with that request; with
+    `errors`, the ids of all its answered exchanges, errors included, oldest first."""
+    index: dict[bytes, list[str]] = {}
+    async for stored in stream_requests(engine, errors=errors):
         rest = relative_path(upstreams, stored.upstream, stored.path)
         if rest is None:
             continue
         body = canonical(stored.body, ignore_fields)
-        index[request_key(stored.method, rest, stored.query, body)] = stored.id
+        key = request_key(stored.method, rest, stored.query, body)
+        if errors:
+            index.setdefault(key, []).append(stored.id)
+        else:
+            index[key] = [stored.id]
     return index
 
 
 @dataclass(slots=True)
 class Playback:
     engine: AsyncEngine
-    index: dict[bytes, str]
+    index: dict[bytes, list[str]]
     options: PlaybackOptions
+    asked: dict[bytes, int] = dataclasses.field(default_factory=dict)
+    """How often each request was asked for: the n-th gets the n-th recorded answer (the
+    last one again once they run out)."""
+
+    def next_id(self, key: bytes) -> str | None:
+        ids = self.index.get(key)
+        if not ids:
+            return None
+        n = self.asked.get(key, 0)
+        self.asked[key] = n + 1
+        return ids[min(n, len(ids) - 1)]
 
 
 APP_PLAYBACK = web.AppKey("playback", Playback)
@@ -125,7 +149,7 @@ async def _playback(request: web.Request, handler: Handler) -> web.StreamRespons
     if rest is not None and (payload is not None or not body):
         canon = canonical(payload, playback.options.ignore_fields)
         query = mask_query(request.query_string)  # as the record keeps it
-        found = playback.index.get(request_key(request.method, rest, query, canon))
+        found = playback.next_id(request_key(request.method, rest, query, canon))
     if found is None:
         if playback.options.miss == "forward":
             return await handler(request)
@@ -190,7 +214,9 @@ async def playing(config: Config, options: PlaybackOptions) -> AsyncIterator[Run
         recorder = await open_recorder(config)
     try:
         async with reading(config.db_url) as engine:
-            index = await load_index(engine, config.upstreams, options.ignore_fields)
+            index = await load_index(
+                engine, config.upstreams, options.ignore_fields, options.errors
+            )
             app = build_app(config, recorder)
             app[APP_PLAYBACK] = Playback(engine, index, options)
             app.middlewares.append(_playback)
@@ -203,7 +229,7 @@ async def playing(config: Config, options: PlaybackOptions) -> AsyncIterator[Run
             finally:
                 await runner.cleanup()
     finally:
-        await recorder.close()  # idempotent: the app's cleanup closed it already
+        await recorder.stop()  # idempotent: the app's cleanup closed it already
 
 
 async def run(config: Config, options: PlaybackOptions) -> None:

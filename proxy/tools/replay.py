@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.config import Config, Upstream
 from proxy.relay.app import build_app, make_runner
@@ -32,7 +33,7 @@ from proxy.store.filters import Filters
 from proxy.store.read import get_exchange, reading
 from proxy.store.recorder import open_recorder
 from proxy.store.scan import select_ids
-from proxy.tools.compare import compare, render
+from proxy.tools.compare import compare, failed, render
 
 
 class ReplayError(Exception):
@@ -50,6 +51,8 @@ class ReplayOptions:
     concurrency: int = 4
     api_key_env: str | None = None
     """Environment variable with the key, instead of the upstream's `api_key_env`."""
+    allow_redacted: bool = False
+    """Replay exchanges `[[redact]]` rules matched, replacements and all."""
 
 
 @dataclass(slots=True)
@@ -60,6 +63,8 @@ class _Job:
     body: bytes
     key: str
     replay_id: str | None = None
+    error: str | None = None
+    """Why the replay's answer did not arrive whole (the record says more, if it exists)."""
 
 
 def replay_body(request: dict[str, Any], options: ReplayOptions) -> dict[str, Any]:
@@ -105,6 +110,15 @@ def _job(
         )
     if not isinstance(request, dict):
         raise ReplayError(f"exchange {id_}: only JSON request bodies can be replayed")
+    if original["method"] == "WS":
+        raise ReplayError(
+            f"exchange {id_}: a Realtime WebSocket response cannot be re-sent over HTTP"
+        )
+    if (rules := redacted_by(original)) and not options.allow_redacted:
+        raise ReplayError(
+            f"exchange {id_}: redacted by {', '.join(rules)}, so its request may hold the "
+            "replacements instead of what was sent; --allow-redacted replays it as stored"
+        )
     if options.upstream is None:
         try:
             upstream = _upstream(config, original["upstream"])
@@ -129,14 +143,27 @@ def _job(
     )
 
 
+def redacted_by(original: dict[str, Any]) -> list[str]:
+    """The `[[redact]]` rules that matched an exchange (its `redacted` note); [] if none."""
+    note = original.get("redacted")
+    rules = note.get("rules") if isinstance(note, dict) else None
+    return [str(rule) for rule in rules] if isinstance(rules, list) else []
+
+
 async def _originals(
-    config: Config, ids: list[str], filters: Filters | None
+    config: Config, ids: list[str], filters: Filters | None, allow_redacted: bool
 ) -> list[dict[str, Any]]:
     async with reading(config.db_url) as engine:
         if filters is not None:
             found = [await get_exchange(engine, id_) for id_ in await select_ids(engine, filters)]
             # Chosen by filter, an exchange that cannot be replayed is left out, not an error.
-            return [o for o in found if isinstance(o["request"], dict)]
+            return [
+                o
+                for o in found
+                if isinstance(o["request"], dict)
+                and o["method"] != "WS"
+                and (allow_redacted or not redacted_by(o))
+            ]
         return [await get_exchange(engine, id_) for id_ in ids]
 
 
@@ -150,24 +177,28 @@ async def replay(
 ) -> list[dict[str, Any]]:
     """Replay the exchanges `ids` (or those `filters` selects); one comparison per replay."""
     env = os.environ if env is None else env
-    originals = await _originals(config, ids, filters)
+    originals = await _originals(config, ids, filters, options.allow_redacted)
     if not originals:
         raise ReplayError("no recorded exchange matches: nothing to replay")
     jobs = [_job(config, original, options, env) for original in originals]
     await _send(config, jobs, options.concurrency)
     async with reading(config.db_url) as engine:
-        comparisons = []
-        for job in jobs:
-            assert job.replay_id is not None
-            try:
-                replayed = await get_exchange(engine, job.replay_id)
-            except StoreError:
-                raise ReplayError(
-                    f"replay {job.replay_id} of {job.original['id']} is not in the database yet "
-                    f"(journaled in {config.spool_path}.replay while it was unavailable)"
-                ) from None
-            comparisons.append(compare(job.original, replayed))
-    return comparisons
+        return [await _comparison(engine, config, job) for job in jobs]
+
+
+async def _comparison(engine: AsyncEngine, config: Config, job: _Job) -> dict[str, Any]:
+    """The job's comparison; one saying what went wrong when there is no record to compare."""
+    if job.replay_id is None:
+        return failed(job.original, job.error or "no answer")
+    try:
+        replayed = await get_exchange(engine, job.replay_id)
+    except StoreError:
+        where = f"journaled in {config.spool_path}.replay while the database was unavailable"
+        return failed(job.original, f"replay {job.replay_id} is not in the database yet ({where})")
+    comparison = compare(job.original, replayed)
+    if job.error and not comparison["error"]:
+        comparison["error"] = job.error
+    return comparison
 
 
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
@@ -196,7 +227,7 @@ async def _send(config: Config, jobs: list[_Job], concurrency: int) -> None:
     try:
         await runner.setup()
     except BaseException:
-        await recorder.close()
+        await recorder.stop()
         raise
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -214,14 +245,17 @@ async def _send(config: Config, jobs: list[_Job], concurrency: int) -> None:
                     **carried_over(job.original),
                 }
                 method, url = job.original["method"], root + job.url
-                async with (
-                    limit,
-                    session.request(method, url, data=job.body, headers=headers) as response,
-                ):
-                    await response.read()
-                    job.replay_id = response.headers.get("X-Flightrec-Id")
-                if job.replay_id is None:
-                    raise ReplayError(f"replaying {job.original['id']}: got {response.status}")
+                try:
+                    async with (
+                        limit,
+                        session.request(method, url, data=job.body, headers=headers) as response,
+                    ):
+                        job.replay_id = response.headers.get("X-Flightrec-Id")
+                        await response.read()
+                        if job.replay_id is None:
+                            job.error = f"got {response.status} without a record"
+                except aiohttp.ClientError as exc:  # this replay's own end: the others go on
+                    job.error = f"the answer broke off: {type(exc).__name__}: {exc}"
 
             await asyncio.gather(*(one(job) for job in jobs))
     finally:

@@ -68,7 +68,7 @@ async def test_upgrade_then_logs_and_show(tmp_path: Path) -> None:
 
     table = await cli("logs", "--model", "gpt-4o", db_url=url)
     assert table.code == 0 and newer.id in table.out and older.id not in table.out
-    assert table.out.splitlines()[0].split()[:3] == ["STARTED", "ID", "MODEL"]
+    assert table.out.splitlines()[0].split()[:4] == ["STARTED", "(UTC)", "ID", "MODEL"]
 
     shown = await cli("show", newer.id, "--json", db_url=url)
     assert shown.code == 0, shown.err

@@ -284,9 +284,11 @@ def test_the_rest_of_the_record_is_redacted() -> None:
         ),
         "email",
         "api_key",
+        pseudonym_key="test-key",
     )
     assert ex.query == "contact=[REDACTED:email]&key=***"
-    assert ex.path == "/v1/users/[REDACTED:email]" and ex.user == "[REDACTED:email]"
+    # The user, an identifier, gets its pseudonym: HMAC-SHA256("test-key", "a@b.io")[:12].
+    assert ex.path == "/v1/users/[REDACTED:email]" and ex.user == "[email:3b100af09a1f]"
     assert ex.error == "upstream said: bad key [REDACTED:api_key]"
     assert ex.parse_errors == ["event 2: data is not JSON: b'[REDACTED:email]'"]
     assert ex.tags == {"owner": "[REDACTED:email]"}

@@ -1,4 +1,4 @@
-"""`Later`: work no client waits for runs a moment on, in one batch, and none is lost on close."""
+"""`Deferred`: work no client waits for runs a moment on, in one batch, none lost on close."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from aiohttp import web
 
 from proxy.config import Config, Upstream
 from proxy.relay.app import build_app, make_runner
-from proxy.relay.appkeys import APP_LATER
-from proxy.relay.deferred import Later
+from proxy.relay.appkeys import APP_DEFERRED
+from proxy.relay.deferred import Deferred
 from proxy.sinks.fanout import MemoryRecorder
 from tests.conftest import FakeUpstream, _serve, until
 
 
 async def test_work_runs_a_moment_later_in_order() -> None:
-    later = Later(delay=0.02)
+    later = Deferred(delay=0.02)
     done: list[int] = []
     for i in range(3):
         later.add(done.append, i)
@@ -33,7 +33,7 @@ async def test_work_runs_a_moment_later_in_order() -> None:
 
 
 async def test_flush_runs_what_is_pending_and_close_makes_later_work_immediate() -> None:
-    later = Later(delay=60)
+    later = Deferred(delay=60)
     done: list[str] = []
     later.add(done.append, "a")
     later.flush()
@@ -48,7 +48,7 @@ async def test_flush_runs_what_is_pending_and_close_makes_later_work_immediate()
 async def test_a_failing_piece_of_work_does_not_cost_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    later = Later(delay=0.01)
+    later = Deferred(delay=0.01)
     done: list[int] = []
 
     def broken() -> None:
@@ -69,7 +69,7 @@ async def test_stopping_the_server_hands_records_still_waiting_to_the_recorder(
     config = replace(Config(), upstreams=(Upstream("openai", upstream.url, "/v1"),))
     recorder = MemoryRecorder()
     app = build_app(config, recorder)
-    app[APP_LATER] = Later(delay=60)  # nothing would complete before the server stops
+    app[APP_DEFERRED] = Deferred(delay=60)  # nothing would complete before the server stops
     url, runner = await _serve(app, make_runner(app, config))
     async with aiohttp.ClientSession() as session, session.get(url + "/v1/models") as response:
         assert response.status == 200
@@ -80,7 +80,7 @@ async def test_stopping_the_server_hands_records_still_waiting_to_the_recorder(
 
 
 async def test_a_lone_exchange_s_first_piece_runs_what_is_pending() -> None:
-    later = Later(delay=60)
+    later = Deferred(delay=60)
     done: list[int] = []
     later.add(done.append, 1)
     later.under_way = 2
@@ -116,7 +116,7 @@ async def test_records_go_on_at_a_lone_exchange_s_first_byte_and_wait_under_conc
     config = replace(Config(), upstreams=(Upstream("openai", upstream.url, "/v1"),))
     recorder = MemoryRecorder()
     app = build_app(config, recorder)
-    later = app[APP_LATER] = Later(delay=60)  # only a first byte (or the end) sends them on
+    later = app[APP_DEFERRED] = Deferred(delay=60)  # only a first byte (or the end) sends them on
     url, runner = await _serve(app, make_runner(app, config))
     try:
         async with aiohttp.ClientSession() as session:

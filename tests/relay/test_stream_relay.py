@@ -17,10 +17,11 @@ import pytest
 from aiohttp import web
 
 from proxy.exchange import Exchange
-from proxy.relay.deferred import Later
+from proxy.relay.deferred import Deferred
 from proxy.relay.tee import StreamTee
 from proxy.stream.chat import ChatAssembler
 from proxy.stream.endpoints import endpoint
+from proxy.stream.reader import BodySettings
 from proxy.stream.withhold import whole_events, without_null_usage, without_usage_events
 from tests.conftest import FakeUpstream, RunningProxy, captures
 from tests.streamgen import chunks_to_sse, completion_to_chunks, cut_bytes
@@ -356,20 +357,22 @@ class Writes(Client):
 def _tee(path: str, *, sse: bool, withhold: bool = False, **options: Any) -> StreamTee:
     settings: dict[str, Any] = {"max_record_bytes": 1 << 20, **options}
     client = settings.pop("client", None) or Client()
-    return StreamTee(
-        Exchange.start("POST", "/v1" + path, "", "openai"),
-        client.write,
+    later = settings.pop("later", None)
+    body = BodySettings(
         endpoint(path),
-        encoding="",
+        "",
         sse=sse,
         injected=withhold,
         withhold=withhold,
         started=time.perf_counter(),
         **settings,
     )
+    return StreamTee(
+        Exchange.start("POST", "/v1" + path, "", "openai"), client.write, body, later=later
+    )
 
 
-def _chat_tee(later: Later | None, *, withhold: bool, client: Client | None = None) -> StreamTee:
+def _chat_tee(later: Deferred | None, *, withhold: bool, client: Client | None = None) -> StreamTee:
     return _tee(
         "/chat/completions", sse=True, later=later, withhold=withhold, keep_raw=True, client=client
     )
@@ -409,8 +412,8 @@ def _chunk(content: str | None, **choice: Any) -> dict[str, Any]:
 
 async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> None:
     """Work done right after a write delays the client reading it: the tee reads such pieces
-    when `Later` runs, in order, and times them by when they came."""
-    later = Later(delay=0.05)
+    when `Deferred` runs, in order, and times them by when they came."""
+    later = Deferred(delay=0.05)
     before = time.perf_counter()
     client = Client()
     tee = _chat_tee(later, withhold=False, client=client)
@@ -431,7 +434,7 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
     client.gone = True
     assert not await tee.relay(pieces[2])  # not counted as received
     await tee.end(whole=False)  # nothing was held back: the rest waits for `finish`
-    tee.finish()  # before `Later` ran: reads what waits first
+    tee.finish()  # before `Deferred` ran: reads what waits first
     assert exchange.chunks == 4  # the last chunk and [DONE]
     assert exchange.response_json["choices"][0]["message"]["content"] == "Hello"
     assert gzip.decompress(exchange.raw_stream_gz or b"") == pieces[0] + pieces[1]
@@ -445,10 +448,10 @@ async def test_pieces_the_client_has_are_read_a_moment_later_as_they_came() -> N
 async def test_a_body_that_has_ended_is_read_by_finish_not_at_a_moment_of_its_own(
     withhold: bool,
 ) -> None:
-    """Once the body has ended, the record's other work (`finish`, run by `Later` with it)
+    """Once the body has ended, the record's other work (`finish`, run by `Deferred` with it)
     reads what waits: a read of its own, 0.5 ms after the last write, lands on a lone client's
     next request."""
-    reads = Later(delay=60)
+    reads = Deferred(delay=60)
     tee = _chat_tee(reads, withhold=withhold)
     stream = chunks_to_sse([_chunk("Hi"), _chunk(None, finish_reason="stop")])
     assert await tee.relay(stream)
@@ -464,7 +467,7 @@ async def test_a_body_that_has_ended_is_read_by_finish_not_at_a_moment_of_its_ow
 
 async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at() -> None:
     client = Client()
-    tee = _chat_tee(Later(delay=60), withhold=True, client=client)
+    tee = _chat_tee(Deferred(delay=60), withhold=True, client=client)
     first = chunks_to_sse([_chunk("Hi")], done=False)
     assert tee.passes(first)
     await tee.relay(first)
@@ -487,7 +490,7 @@ async def test_a_stream_in_one_piece_goes_out_in_one_write_before_it_is_read() -
     write, as it would have come without the option (the usage event cut out by parsing that
     event alone), and the record reads it a moment later."""
     client = Writes()
-    tee = _chat_tee(Later(delay=60), withhold=True, client=client)
+    tee = _chat_tee(Deferred(delay=60), withhold=True, client=client)
     content = [_chunk("Hi"), _chunk(None, finish_reason="stop")]
     usage = {**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}
     with_null = [{**chunk, "usage": None} for chunk in content]
@@ -609,7 +612,7 @@ async def test_a_piece_that_may_start_with_a_byte_order_mark_is_read_first() -> 
     """Only the stream's parser knows whether those bytes are a byte order mark (at the
     stream's start) or part of a field name."""
     client = Writes()
-    tee = _chat_tee(Later(delay=60), withhold=True, client=client)
+    tee = _chat_tee(Deferred(delay=60), withhold=True, client=client)
     usage = {**_chunk(None), "choices": [], "usage": {"total_tokens": 3}}
     piece = b"\xef\xbb\xbf" + chunks_to_sse([usage, {**_chunk("Hi"), "usage": None}])
     assert not tee.passes(piece)
@@ -625,7 +628,7 @@ async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
         raise RuntimeError("assembler bug")
 
     monkeypatch.setattr(ChatAssembler, "add", broken)
-    later = Later(delay=0.01)
+    later = Deferred(delay=0.01)
     tee = _chat_tee(later, withhold=False)
     await tee.relay(chunks_to_sse([_chunk("Hi")]))
     later.flush()
@@ -638,7 +641,7 @@ async def test_a_bug_reading_a_waiting_piece_is_recorded_not_raised(
 
 async def test_an_event_the_end_of_the_body_completes_is_timed_when_the_body_ended() -> None:
     before = time.perf_counter()
-    tee = _chat_tee(Later(delay=60), withhold=False)
+    tee = _chat_tee(Deferred(delay=60), withhold=False)
     await tee.relay(chunks_to_sse([_chunk("Hi")], done=False).rstrip(b"\n") + b"\n")
     await tee.end(whole=True)
     ended = time.perf_counter()

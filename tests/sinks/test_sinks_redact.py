@@ -23,7 +23,7 @@ from proxy.privacy.keep import Keep
 from proxy.privacy.redact import parse_rules
 from proxy.relay.app import build_app, make_runner
 from proxy.relay.appkeys import APP_SINKS
-from proxy.sinks.fanout import MemoryRecorder, RecorderSink, Sinks
+from proxy.sinks.fanout import MemoryRecorder, Sinks
 from tests.conftest import FakeUpstream, _serve
 
 HOLD = "hold-this-one"
@@ -76,7 +76,7 @@ async def start(cfg: Config, *, fail: bool = False) -> Proxy:
     recorder = MemoryRecorder()
     app = build_app(cfg, recorder)
     keep = GatedKeep(cfg, fail=fail)
-    app[APP_SINKS] = Sinks([RecorderSink(recorder)], keep, cfg.shutdown_grace)
+    app[APP_SINKS] = Sinks([recorder], keep, cfg.shutdown_grace)
     url, runner = await _serve(app, make_runner(app, cfg))
     return Proxy(url, runner, recorder, keep)
 

@@ -53,7 +53,7 @@ async def main(url: str, spool: str, count: int) -> None:
     ids = []
     for _ in range(count):
         ex = chat_exchange()
-        recorder.record(ex)
+        recorder.accept(ex)
         ids.append(ex.id)
     await asyncio.sleep(0.01)  # longer than the journal's delay, far shorter than a batch
     print(" ".join(ids), flush=True)
@@ -85,7 +85,7 @@ async def test_kill_9_loses_nothing_journaled(sqlite_db: str, tmp_path: Path) ->
     assert len(ids) == 300
     assert await query(sqlite_db, "SELECT count(*) FROM exchanges") == [(0,)]  # batch not due
     again = await started(config(sqlite_db, tmp_path))  # the next start carries on
-    await again.close()
+    await again.stop()
     stored = await query(sqlite_db, "SELECT id FROM exchanges")
     assert sorted(row[0] for row in stored) == sorted(i.decode() for i in ids)
 
@@ -97,13 +97,13 @@ async def test_an_expired_grace_loses_nothing_journaled(sqlite_db: str, tmp_path
         # The writer waits on the lock for up to 10 s: the grace runs out mid-batch.
         recorder = await started(cfg, busy_timeout_ms=10_000)
         for ex in sent:
-            recorder.record(ex)
+            recorder.accept(ex)
         await wait_until(lambda: recorder._held is not None)
         began = time.monotonic()
-        await recorder.close()
+        await recorder.stop()
         assert time.monotonic() - began < 2.0
     again = await started(cfg)
-    await again.close()
+    await again.stop()
     await assert_stored_once(sqlite_db, sent)
     assert spool_files(tmp_path) == []
 
@@ -123,7 +123,7 @@ async def test_a_stalled_postgres_is_noticed_in_seconds_and_loses_nothing(
         recorder = await started(cfg)
         first = [chat_exchange() for _ in range(5)]
         for ex in first:
-            recorder.record(ex)
+            recorder.accept(ex)
         deadline = time.monotonic() + 10
         while await query(pg_url, "SELECT count(*) FROM exchanges") != [(len(first),)]:
             assert time.monotonic() < deadline, "the first records were not written"
@@ -132,18 +132,18 @@ async def test_a_stalled_postgres_is_noticed_in_seconds_and_loses_nothing(
         stalled_at = time.monotonic()
         later = [chat_exchange() for _ in range(20)]
         for ex in later:
-            recorder.record(ex)
-        await wait_until(lambda: not recorder.ready(), within=STALLED_AFTER + 3)
+            recorder.accept(ex)
+        await wait_until(lambda: recorder.readiness() is not None, within=STALLED_AFTER + 3)
         assert (recorder.readiness() or "").startswith("database stalled")
         await wait_until(
             lambda: (recorder.readiness() or "").startswith("database unavailable"),
             within=PG_WRITE_COMMAND_TIMEOUT + 5,
         )
         noticed = time.monotonic() - stalled_at
-        await recorder.close()  # the grace runs out: the stalled batch stays journaled
+        await recorder.stop()  # the grace runs out: the stalled batch stays journaled
         await asyncio.to_thread(relay.resume)
         again = await started(cfg)
-        await again.close()
+        await again.stop()
     await assert_stored_once(pg_url, first + later)
     assert noticed < PG_WRITE_COMMAND_TIMEOUT + 5
 
@@ -158,17 +158,17 @@ async def test_segments_are_sealed_read_and_deleted_once_committed(
     with SqliteLock(sqlite_db):
         recorder = await started(cfg, busy_timeout_ms=20)
         for ex in sent[:35]:
-            recorder.record(ex)
+            recorder.accept(ex)
             await asyncio.sleep(0.001)
-        await wait_until(lambda: not recorder.ready())
+        await wait_until(lambda: recorder.readiness() is not None)
         sealed = await asyncio.to_thread(lambda: list(tmp_path.glob("records.spool.seg*")))
         assert len(sealed) >= 2
     await wait_until(lambda: recorder.journal.done == recorder.journal.end)  # all read back
     assert not list(tmp_path.glob("records.spool.seg*"))  # noqa: ASYNC240 - a short listing
     for ex in sent[35:]:
-        recorder.record(ex)
+        recorder.accept(ex)
         await asyncio.sleep(0.001)
-    await recorder.close()
+    await recorder.stop()
     await assert_stored_once(sqlite_db, sent)
     assert spool_files(tmp_path) == []  # sealed segments deleted, the live one emptied
     assert recorder.losses.in_memory_total == recorder.losses.lost_total == 0
@@ -183,12 +183,12 @@ async def test_a_full_journal_keeps_records_in_memory_and_says_so(
     with caplog.at_level(logging.WARNING, logger="proxy"), SqliteLock(sqlite_db):
         recorder = await started(cfg, busy_timeout_ms=20)
         for ex in sent:
-            recorder.record(ex)
+            recorder.accept(ex)
             await asyncio.sleep(0.001)
         await wait_until(lambda: "full" in (recorder.readiness() or ""), within=5)
     assert recorder.losses.in_memory_total > 0 and recorder.losses.lost_total > 0
     with caplog.at_level(logging.WARNING, logger="proxy"):
-        await recorder.close()
+        await recorder.stop()
     lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert lost and all("journal_max_bytes" in m for m in lost)
     stored = {row[0] for row in await query(sqlite_db, "SELECT id FROM exchanges")}

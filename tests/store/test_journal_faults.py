@@ -227,13 +227,13 @@ async def test_a_full_disk_keeps_records_in_memory_and_the_database_gets_them(
             recorder.retry_min = recorder.retry_max = 0.05
             await recorder.start()
             for ex in sent:
-                recorder.record(ex)
+                recorder.accept(ex)
                 await asyncio.sleep(0.001)
             await wait_until(lambda: "No space left" in (recorder.readiness() or ""))
             # Only whole records are in the journal: a write cut short by the full disk is undone.
             whole = (tmp_path / "disk" / "records.spool").read_bytes()
             assert whole.endswith(b"\n")
-        await recorder.close()
+        await recorder.stop()
     assert recorder.losses.in_memory_total > 0 and recorder.losses.lost_total == 0
     stored = await query(db, "SELECT id FROM exchanges")
     assert sorted(row[0] for row in stored) == sorted(ex.id for ex in sent)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -37,14 +39,21 @@ TABLES = {
     "fingerprints",
     "rollups",
     "rollup_tags",
+    "alert_state",
+    "alert_events",
 }
+
+
+PARTITION = re.compile(r"_(p\d{8}|default)$")
+"""A partition's name (PostgreSQL, migration 0010): a part of a table, not a table of its own."""
 
 
 async def table_names(url: str) -> set[str]:
     engine = create_engine(url)
     try:
         async with engine.connect() as conn:
-            return set(await conn.run_sync(lambda c: sa.inspect(c).get_table_names()))
+            names = await conn.run_sync(lambda c: sa.inspect(c).get_table_names())
+            return {name for name in names if not PARTITION.search(name)}
     finally:
         await engine.dispose()
 
@@ -79,7 +88,16 @@ async def test_models_and_migrations_agree(db_url: str) -> None:
     await upgrade(db_url)
 
     def diff(conn: Connection) -> list[object]:
-        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        def whole(name: str | None, kind: str, parent: Any) -> bool:
+            return not (kind == "table" and name and PARTITION.search(name))
+
+        def not_a_copy(found: Any, name: str | None, kind: str, *_: Any) -> bool:
+            # PostgreSQL copies a foreign key for each partition of the table it refers to.
+            refers = found.referred_table.name if kind == "foreign_key_constraint" else ""
+            return not PARTITION.search(refers)
+
+        opts = {"compare_type": True, "include_name": whole, "include_object": not_a_copy}
+        context = MigrationContext.configure(conn, opts=opts)
         return list(compare_metadata(context, metadata))
 
     engine = create_engine(db_url)

@@ -137,9 +137,9 @@ async def test_every_record_reaches_the_database(db_url: str, tmp_path: Path) ->
     recorder = await started(config(db_url, tmp_path, batch_size=100))
     exchanges = [chat_exchange(logprobs=TOKENS) for _ in range(1000)]
     for ex in exchanges:
-        recorder.record(ex)
-    assert recorder.ready()
-    await recorder.close()
+        recorder.accept(ex)
+    assert recorder.readiness() is None
+    await recorder.stop()
     await assert_stored_once(db_url, exchanges, tokens=len(TOKENS))
     assert spool_files(tmp_path) == []
 
@@ -156,22 +156,22 @@ async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_
     async def traffic() -> None:
         for _ in range(1500):
             ex = chat_exchange(logprobs=TOKENS)
-            recorder.record(ex)
+            recorder.accept(ex)
             sent.append(ex)
             await asyncio.sleep(0.002)
 
     running = asyncio.create_task(traffic())
     await asyncio.sleep(0.5)
     await asyncio.to_thread(relay.cut)
-    await wait_until(lambda: not recorder.ready())
+    await wait_until(lambda: recorder.readiness() is not None)
     assert (recorder.readiness() or "").startswith("database unavailable")
     assert not recorder.database_up()
     await wait_until(lambda: uncommitted(recorder))
     await asyncio.to_thread(relay.resume)
-    await wait_until(recorder.ready)
+    await wait_until(lambda: recorder.readiness() is None)
     assert recorder.database_up()
     await running
-    await recorder.close()
+    await recorder.stop()
     relay.close()
     await assert_stored_once(pg_url, sent, tokens=len(TOKENS))
     assert spool_files(tmp_path) == []
@@ -198,7 +198,7 @@ async def test_without_auto_upgrade_a_database_down_at_start_waits_for_its_schem
             assert not recorder.database_up()
             sent = [chat_exchange() for _ in range(3)]
             for ex in sent:
-                recorder.record(ex)
+                recorder.accept(ex)
             await asyncio.to_thread(relay.resume)
 
             def says_upgrade() -> bool:
@@ -207,10 +207,10 @@ async def test_without_auto_upgrade_a_database_down_at_start_waits_for_its_schem
             await wait_until(says_upgrade, within=10)
             assert "database not ready" in caplog.text and "db upgrade" in caplog.text
             await upgrade(pg_url)
-            await wait_until(recorder.ready, within=10)
+            await wait_until(lambda: recorder.readiness() is None, within=10)
             await wait_until(lambda: not uncommitted(recorder), within=10)
         finally:
-            await recorder.close()
+            await recorder.stop()
     finally:
         relay.close()
     await assert_stored_once(pg_url, sent)
@@ -231,17 +231,17 @@ async def test_a_postgresql_stall_is_logged_once_and_so_is_its_end(
         return sum(r.levelno == level and text in r.getMessage() for r in caplog.records)
 
     with caplog.at_level(logging.INFO, logger="proxy.store.recorder"):
-        recorder.record(sent[0])
-        await wait_until(lambda: recorder.ready() and not uncommitted(recorder))
+        recorder.accept(sent[0])
+        await wait_until(lambda: recorder.readiness() is None and not uncommitted(recorder))
         await asyncio.to_thread(relay.stall)
-        recorder.record(sent[1])
+        recorder.accept(sent[1])
         await wait_until(lambda: (recorder.readiness() or "").startswith("database stalled"))
         await wait_until(lambda: said(logging.WARNING, "database stalled") == 1, within=2)
         await asyncio.to_thread(relay.resume)
-        recorder.record(sent[2])
-        await wait_until(recorder.ready, within=30)
+        recorder.accept(sent[2])
+        await wait_until(lambda: recorder.readiness() is None, within=30)
         await wait_until(lambda: said(logging.INFO, "again") == 1)  # the stall's or the outage's
-    await recorder.close()
+    await recorder.stop()
     relay.close()
     assert said(logging.WARNING, "database stalled") == 1
     await assert_stored_once(pg_url, sent, tokens=0)
@@ -252,14 +252,14 @@ async def test_locked_sqlite_spills_and_recovers(sqlite_db: str, tmp_path: Path)
     sent = [chat_exchange(logprobs=TOKENS) for _ in range(300)]
     with SqliteLock(sqlite_db):
         for ex in sent[:200]:
-            recorder.record(ex)
+            recorder.accept(ex)
             await asyncio.sleep(0.001)
-        await wait_until(lambda: not recorder.ready())
+        await wait_until(lambda: recorder.readiness() is not None)
         await wait_until(lambda: uncommitted(recorder))
     for ex in sent[200:]:
-        recorder.record(ex)
-    await wait_until(recorder.ready)
-    await recorder.close()
+        recorder.accept(ex)
+    await wait_until(lambda: recorder.readiness() is None)
+    await recorder.stop()
     await assert_stored_once(sqlite_db, sent, tokens=len(TOKENS))
     assert spool_files(tmp_path) == []
 
@@ -268,10 +268,10 @@ async def test_past_queue_size_the_writer_reads_the_journal(sqlite_db: str, tmp_
     recorder = await started(config(sqlite_db, tmp_path, queue_size=10, batch_size=7))
     sent = [chat_exchange() for _ in range(200)]
     for ex in sent:  # no await in between: the writer cannot drain the queue meanwhile
-        recorder.record(ex)
+        recorder.accept(ex)
     await asyncio.sleep(0.05)
     assert sorted(journal_lines(tmp_path)) == sorted(encode(ex).rstrip(b"\n") for ex in sent)
-    await recorder.close()
+    await recorder.stop()
     await assert_stored_once(sqlite_db, sent)
     assert spool_files(tmp_path) == []
 
@@ -284,14 +284,14 @@ async def test_shutdown_with_the_database_down_keeps_everything_for_next_start(
     with SqliteLock(sqlite_db):
         recorder = await started(cfg, busy_timeout_ms=20)
         for ex in sent:
-            recorder.record(ex)
+            recorder.accept(ex)
         started_closing = time.monotonic()
-        await recorder.close()
+        await recorder.stop()
         assert time.monotonic() - started_closing < 10  # gave up after shutdown_grace
         assert sorted(journal_lines(tmp_path)) == sorted(encode(ex).rstrip(b"\n") for ex in sent)
 
     again = await started(cfg)  # the next start writes what the journal holds
-    await again.close()
+    await again.stop()
     await assert_stored_once(sqlite_db, sent)
     assert spool_files(tmp_path) == []
 
@@ -304,13 +304,13 @@ async def test_a_record_is_never_written_twice(db_url: str, tmp_path: Path) -> N
     (tmp_path / "records.spool").write_bytes(b"".join(encode(ex) for ex in sent))
     recorder = await started(cfg)
     for ex in sent + sent:
-        recorder.record(ex)
-    await recorder.close()
+        recorder.accept(ex)
+    await recorder.stop()
     assert (recorder.written, recorder.database_up()) == (5, True)
     again = await started(cfg)
     for ex in sent:
-        again.record(ex)
-    await again.close()
+        again.accept(ex)
+    await again.stop()
     assert again.written == 0  # all found stored
     await assert_stored_once(db_url, sent, tokens=len(TOKENS))
     # Skipped as stored, not refused by the database and set aside.
@@ -330,9 +330,9 @@ async def test_corrupt_spool_lines_are_set_aside(
         + cut
     )
     recorder = await started(config(sqlite_db, tmp_path))
-    recorder.record(good[2])  # lands after the cut line, not glued to it
+    recorder.accept(good[2])  # lands after the cut line, not glued to it
     with caplog.at_level(logging.WARNING, logger="proxy.store.journal"):
-        await recorder.close()
+        await recorder.stop()
     await assert_stored_once(sqlite_db, good)
     bad = (tmp_path / "records.spool.bad").read_bytes().splitlines()
     assert bad == [b"not json at all", b'{"v": 1, "exchange": {"id": 1}}', cut]
@@ -359,9 +359,9 @@ async def test_a_record_the_database_refuses_does_not_block_the_rest(
     poisoned = _poisoned(where)
     fine = [chat_exchange(), chat_exchange()]
     for ex in (fine[0], poisoned, fine[1]):  # one batch
-        recorder.record(ex)
+        recorder.accept(ex)
     with caplog.at_level(logging.WARNING):
-        await recorder.close()
+        await recorder.stop()
     await assert_stored_once(db_url, fine)
     assert poisoned.id.encode() in (tmp_path / "records.spool.bad").read_bytes()
     assert any(poisoned.id in r.getMessage() for r in caplog.records)
@@ -375,13 +375,13 @@ async def test_api_key_never_reaches_database_or_journal(sqlite_db: str, tmp_pat
     recorder = await started(config(sqlite_db, tmp_path, queue_size=5), busy_timeout_ms=20)
     with SqliteLock(sqlite_db):
         for ex in sent:
-            recorder.record(ex)
+            recorder.accept(ex)
         await asyncio.sleep(0.2)
         spool = (tmp_path / "records.spool").read_bytes()
         assert key_hash.encode() in spool  # the journal does hold these records...
         assert key.encode() not in spool  # ...but never the key
         assert key[-12:].encode() not in spool
-    await recorder.close()
+    await recorder.stop()
     await assert_stored_once(sqlite_db, sent)
     for path in os.listdir(tmp_path):  # database, WAL, journal and .bad alike
         assert key.encode() not in (tmp_path / path).read_bytes(), path
@@ -399,8 +399,8 @@ async def test_open_recorder_upgrades_checks_and_starts(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="in use by another flightrec process"):
         await open_recorder(config(url, tmp_path))
     ex = chat_exchange()
-    recorder.record(ex)
-    await recorder.close()
+    recorder.accept(ex)
+    await recorder.stop()
     await assert_stored_once(url, [ex])
     with pytest.raises(StoreError, match="cannot connect to the database"):
         await open_recorder(config("postgresql+asyncpg://x@127.0.0.1:9/none", tmp_path))

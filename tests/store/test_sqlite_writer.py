@@ -19,7 +19,7 @@ import pytest
 
 from proxy.store import sqlite_writer, upgrade
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
-from proxy.store.rows import records, rows_for, table_rows
+from proxy.store.rows import rows_for, table_records
 from proxy.store.sqlite_writer import SqliteWriter, sqlite_null
 from proxy.store.turns import Turns
 from proxy.store.writer import writer_for
@@ -93,7 +93,7 @@ async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) ->
         assert await writer.write([rows]) == 1
     finally:
         await writer.close()
-    sent = dict(table_rows([rows]))
+    sent = dict(table_records([rows]))
     assert len(sent) == 4  # exchanges, completions, choices, usage
     with contextlib.closing(sqlite3.connect(db_path)) as con:
         for table, found in sent.items():
@@ -101,7 +101,7 @@ async def test_none_is_stored_as_null_and_booleans_as_integers(db_path: Path) ->
             types = con.execute(
                 f"SELECT {', '.join(f'typeof({n})' for n in names)} FROM {table.name}"
             ).fetchone()
-            for name, value, stored in zip(names, records(table, found)[0], types, strict=True):
+            for name, value, stored in zip(names, found[0], types, strict=True):
                 if value is None:
                     assert stored == "null", f"{table.name}.{name}"
                 elif isinstance(value, bool):
@@ -178,11 +178,11 @@ async def test_another_writer_s_lock_is_waited_for_without_holding_the_loop(
     sent = [chat_exchange() for _ in range(3)]
     with Ticker() as ticker:
         for ex in sent:
-            recorder.record(ex)
+            recorder.accept(ex)
         await asyncio.sleep(0.5)  # the writer is waiting for the lock all this while
     other.execute("COMMIT")
     other.close()
-    await recorder.close()
+    await recorder.stop()
     # A writer blocked in SQLite's own busy wait would have held the loop for the whole
     # busy timeout (10 s) and only then spooled.
     assert ticker.longest < 5.0
@@ -212,7 +212,7 @@ async def test_an_error_other_than_busy_spools_and_reconnects(
     admin.execute("ALTER TABLE exchanges RENAME TO exchanges_away")  # "no such table"
     first = [chat_exchange() for _ in range(5)]
     for ex in first:
-        recorder.record(ex)
+        recorder.accept(ex)
     deadline = asyncio.get_running_loop().time() + 10
     while not spool_files(tmp_path):
         assert asyncio.get_running_loop().time() < deadline, "nothing spooled"
@@ -221,8 +221,8 @@ async def test_an_error_other_than_busy_spools_and_reconnects(
     admin.close()
     later = [chat_exchange() for _ in range(5)]
     for ex in later:
-        recorder.record(ex)
-    await recorder.close()
+        recorder.accept(ex)
+    await recorder.stop()
     await assert_stored_once(url, first + later)
 
 

@@ -24,7 +24,7 @@ from proxy.store.read import (
     parse_since,
     parse_tag,
 )
-from proxy.store.rows import columns, rows_for, table_rows
+from proxy.store.rows import columns, rows_for, table_records
 from proxy.store.writer import writer_for
 from tests import dbs
 from tests.dbs import chat_exchange
@@ -93,6 +93,7 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
     ex.outcome, ex.parse_errors = "stream_error", ["bad line"]
     ex.redacted = {"rules": ["email"], "dropped": ["logprobs"]}
     ex.response_bytes, ex.content_type = 4_000_000_000, "text/event-stream"
+    ex.session = "sess-42"
     await write(engine, [ex])
     async with engine.connect() as conn:
         stored = (await conn.execute(sa.select(t.exchanges))).one()._asdict()
@@ -138,6 +139,7 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
         "parse_errors": ["bad line"],
         "price_entry": stored["price_entry"],
         "redacted": {"rules": ["email"], "dropped": ["logprobs"]},
+        "session": "sess-42",
         "service_tier": None,
     }
     assert stored["price_entry"] == "genai-prices 0.2.3 openai/gpt-4o-mini standard"
@@ -257,14 +259,42 @@ def _utc(value: str | datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def test_every_row_names_exactly_its_tables_columns() -> None:
-    ex = chat_exchange(tags={"team": "a"}, logprobs=["x"])
+def test_every_record_holds_exactly_its_tables_columns() -> None:
+    ex = chat_exchange(tags={"team": "a"}, logprobs=["x", "\x00y"])
     ex.raw_stream_gz, ex.raw_pacing = gzip.compress(b"data: [DONE]\n\n"), [(0, 1.0)]
-    built = dict(table_rows([rows_for(ex)]))
+    rows = rows_for(ex)
+    for table in (t.exchanges, t.tags, t.completions, t.choices, t.usage, t.raw_streams):
+        found = [rows.exchange] if table is t.exchanges else getattr(rows, table.name)
+        assert [list(row) for row in found] == [columns(table)], table.name
+    built = dict(table_records([rows]))
     assert len(built) == 7  # the exchange and every child table
-    for table, found in built.items():
-        assert [list(row) for row in found] == [columns(table)] * len(found), table.name
-    fingerprint = rows_for(ex).fingerprint
+    for table, records in built.items():
+        assert [len(record) for record in records] == [len(table.columns)] * len(records)
+    # Logprob rows are built as tuples straight away: their order is the table's.
+    named = [dict(zip(columns(t.logprobs), record, strict=True)) for record in built[t.logprobs]]
+    assert named == [
+        {
+            "exchange_id": ex.id,
+            "choice_index": 0,
+            "kind": "content",
+            "position": 0,
+            "token": "x",
+            "logprob": -0.0,
+            "bytes": "[120]",
+            "top_logprobs": '[{"token":"x","logprob":-0.0,"bytes":[120]}]',
+        },
+        {
+            "exchange_id": ex.id,
+            "choice_index": 0,
+            "kind": "content",
+            "position": 1,
+            "token": "\ufffdy",  # PostgreSQL text holds no NUL; the response's JSON keeps it
+            "logprob": -0.25,
+            "bytes": "[0,121]",
+            "top_logprobs": '[{"token":"\\u0000y","logprob":-0.25,"bytes":[0,121]}]',
+        },
+    ]
+    fingerprint = rows.fingerprint
     assert fingerprint is not None and list(fingerprint) == columns(t.fingerprints)
 
 

@@ -47,10 +47,18 @@ def completion(*choices: Json, **top: Any) -> Json:
     }
 
 
-def answer(
-    index: int = 0, content: str | None = None, finish: str | None = "stop", **kw: Any
-) -> Json:
-    message = {"role": "assistant", "content": content, "refusal": kw.pop("refusal", None)}
+ABSENT: Any = object()
+"""A key the stream never carried."""
+
+
+def answer(index: int = 0, content: Any = None, finish: str | None = "stop", **kw: Any) -> Json:
+    """A choice of the record; `refusal` (and `content` given as ABSENT) only where the
+    stream carried it, as the record has it."""
+    message: Json = {"role": "assistant"}
+    if content is not ABSENT:
+        message["content"] = content
+    if "refusal" in kw:
+        message["refusal"] = kw.pop("refusal")
     logprobs = kw.pop("logprobs", None)
     return {
         "index": index,
@@ -70,7 +78,7 @@ def test_plain_text() -> None:
             chunk(choice(finish_reason="stop")),
         ]
     )
-    assert result == completion(answer(content="Hello"))
+    assert result == completion(answer(content="Hello", refusal=None))
     assert outputs == [False, True, True, False]
 
 
@@ -316,7 +324,9 @@ def test_tool_calls_without_index() -> None:
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
         {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "[]"}},
     ]
-    assert result == completion(answer(finish="tool_calls", message={"tool_calls": calls}))
+    assert result == completion(
+        answer(content=ABSENT, finish="tool_calls", message={"tool_calls": calls})
+    )
 
 
 def test_tool_calls_reusing_an_index_with_new_ids_are_kept_apart() -> None:
@@ -331,7 +341,7 @@ def test_tool_calls_reusing_an_index_with_new_ids_are_kept_apart() -> None:
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "1"}},
         {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "22"}},
     ]
-    assert result == completion(answer(finish=None, message={"tool_calls": calls}))
+    assert result == completion(answer(content=ABSENT, finish=None, message={"tool_calls": calls}))
 
 
 def test_legacy_function_call() -> None:
@@ -439,7 +449,12 @@ def test_unknown_keys_follow_the_general_rule() -> None:
         ]
     )
     assert result == completion(
-        answer(finish=None, message={"note": "ab", "tags": ["x", "y"], "score": 2}, extra="e2"),
+        answer(
+            content=ABSENT,
+            finish=None,
+            message={"note": "ab", "tags": ["x", "y"], "score": 2},
+            extra="e2",
+        ),
         top=3,
     )
 

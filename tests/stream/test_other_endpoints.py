@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.stream.responses import CompletionAssembler, ResponsesAssembler
+from proxy.stream.completions import CompletionAssembler
+from proxy.stream.responses import ResponsesAssembler
 from tests.conftest import FakeUpstream, RunningProxy, Sdk
 
 RESPONSE: dict[str, Any] = {

@@ -203,7 +203,7 @@ def test_bom_is_skipped_only_at_stream_start() -> None:
     for cut in (1, 2, 3):
         stream = b"\xef\xbb\xbfdata: x\n\n"
         assert parse([stream[:cut], stream[cut:]]) == [Event(b"x", None, None, 3, 12)]
-    # Later, it is part of a field name (an unknown field), so this event has no data.
+    # Deferred, it is part of a field name (an unknown field), so this event has no data.
     assert parse([b"data: x\n\n\xef\xbb\xbfdata: y\n\n"]) == [Event(b"x", None, None, 0, 9)]
     # A parser started between two events of a stream reads them as the stream's parser does.
     middle = SSEParser(from_start=False)

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.exchange import Exchange
-from proxy.relay.deferred import Later
+from proxy.relay.deferred import Deferred
 from proxy.relay.tee import StreamTee
 from proxy.stream.endpoints import endpoint
+from proxy.stream.reader import BodySettings
 from proxy.stream.sse import SSEParser
 from proxy.stream.withhold import without_null_usage
 
@@ -42,6 +43,8 @@ def _data(draw: st.DrawFn) -> bytes:
         {"id": "c", "choices": [{"index": 0, "delta": {"content": text}}], "usage": None},
         {"usage": None, "id": "c", "choices": [{"index": 0, "delta": {"content": text}}]},
         {"id": "c", "choices": [], "usage": _USAGE},
+        # a finish chunk waits for the bytes after it (`carry.py`); nothing moves onto it here
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None},
         {"id": "c", "choices": [{"index": 0, "delta": {"content": text}}], "usage": _USAGE},
         {"id": "c", "choices": [], "usage": {}},
         {"choices": [], "usage": 5},
@@ -132,21 +135,24 @@ class _Client:
 
 
 async def _relay(pieces: list[bytes], deferred: bool, flushes: set[int]) -> tuple[bytes, Exchange]:
-    """The client's bytes and the record; `deferred`: pieces read a moment later (`Later`),
+    """The client's bytes and the record; `deferred`: pieces read a moment later (`Deferred`),
     with the timer's turns at `flushes`."""
     client = _Client()
-    later = Later(delay=60) if deferred else None
-    tee = StreamTee(
-        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
-        client.write,
+    later = Deferred(delay=60) if deferred else None
+    settings = BodySettings(
         endpoint("/v1/chat/completions"),
-        encoding="",
+        "",
         sse=True,
         injected=True,
         withhold=True,
-        max_record_bytes=1 << 20,
         started=time.perf_counter(),
+        max_record_bytes=1 << 20,
         keep_raw=True,
+    )
+    tee = StreamTee(
+        Exchange.start("POST", "/v1/chat/completions", "", "openai"),
+        client.write,
+        settings,
         later=later,
     )
     for index, piece in enumerate(pieces):

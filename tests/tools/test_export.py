@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,34 +74,51 @@ def _cell(text: str, like: Any) -> Any:
     return text
 
 
-async def test_jsonl_csv_har_batch(upstream: FakeUpstream, db_url: str, tmp_path: Path) -> None:
+@pytest.fixture
+async def mix(upstream: FakeUpstream, db_url: str, tmp_path: Path) -> Mix:
     recorded = await recorded_mix(upstream, db_url, tmp_path)
     env = {"FLIGHTREC_DB_URL": db_url}
-
-    # JSONL: one `show --json` object per line, oldest first.
     run = await cli("export", env=env, cwd=tmp_path)
     assert run.code == 0, run.err
     records = [orjson.loads(line) for line in run.out.splitlines()]
+    return Mix(recorded, env, records, upstream.url, db_url)
+
+
+@dataclass
+class Mix:
+    recorded: Recorded
+    env: dict[str, str]
+    records: list[dict[str, Any]]
+    """What `export` (JSONL, the default) printed."""
+    upstream_url: str
+    db_url: str
+
+
+async def test_jsonl_is_show_json_per_line_oldest_first(mix: Mix) -> None:
+    records = mix.records
     assert len(records) == 4
-    assert [r["id"] for r in records[:2]] == [recorded.stream_id, recorded.plain_id]
-    async with reading(db_url) as engine:
+    assert [r["id"] for r in records[:2]] == [mix.recorded.stream_id, mix.recorded.plain_id]
+    async with reading(mix.db_url) as engine:
         for record in records:
             assert record == await get_exchange(engine, record["id"])
 
-    # CSV: one row per exchange; every cell reads back to the JSONL value.
-    run = await cli("export", "--format", "csv", env=env, cwd=tmp_path)
+
+async def test_csv_cells_read_back_to_the_jsonl_values(mix: Mix, tmp_path: Path) -> None:
+    run = await cli("export", "--format", "csv", env=mix.env, cwd=tmp_path)
     assert run.code == 0, run.err
     rows = list(csv.DictReader(io.StringIO(run.out, newline="")))
     assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 4
-    for row, record in zip(rows, records, strict=True):
+    for row, record in zip(rows, mix.records, strict=True):
         usage = record["usage"] or {}
         for column in CSV_COLUMNS:
             expected = usage.get(column) if column.endswith("_tokens") else record[column]
             assert _cell(row[column], expected) == expected, column
 
-    # HAR 1.2, read by haralyzer.
+
+async def test_har_is_read_by_haralyzer(mix: Mix, tmp_path: Path) -> None:
+    records = mix.records
     har_path = tmp_path / "out.har"
-    run = await cli("export", "--format", "har", "-o", str(har_path), env=env, cwd=tmp_path)
+    run = await cli("export", "--format", "har", "-o", str(har_path), env=mix.env, cwd=tmp_path)
     assert run.code == 0 and "exported 4 exchanges" in run.err, run.err
     parser = HarParser(json.loads(har_path.read_text()))
     assert parser.version == "1.2" and parser.creator["name"] == "flightrec"
@@ -108,11 +126,10 @@ async def test_jsonl_csv_har_batch(upstream: FakeUpstream, db_url: str, tmp_path
     entries = page.entries
     assert len(entries) == 4
     stream, plain, failed, _embedding = entries
-    assert (
-        stream.request.method == "POST" and stream.request.url == upstream.url + "/chat/completions"
-    )
+    assert stream.request.method == "POST"
+    assert stream.request.url == mix.upstream_url + "/chat/completions"
     assert orjson.loads(stream.request.text) == records[0]["request"]
-    assert stream.response.text.encode() == recorded.stream_bytes
+    assert stream.response.text.encode() == mix.recorded.stream_bytes
     assert stream.response.mimeType.startswith("text/event-stream")
     assert orjson.loads(plain.response.text) == records[1]["response"]
     assert stream.startTime is not None and stream.timings["wait"] == records[0]["ttfb_ms"]
@@ -124,11 +141,14 @@ async def test_jsonl_csv_har_batch(upstream: FakeUpstream, db_url: str, tmp_path
     ]
     assert "sk-" not in har_path.read_text()  # keys are never stored, so never exported
 
-    # Batch API input: chat completions only, streaming off, custom_id = exchange id.
-    run = await cli("export", "--format", "batch", env=env, cwd=tmp_path)
+
+async def test_batch_input_holds_chat_completions_without_streaming(
+    mix: Mix, tmp_path: Path
+) -> None:
+    run = await cli("export", "--format", "batch", env=mix.env, cwd=tmp_path)
     assert run.code == 0, run.err
     lines = [orjson.loads(line) for line in run.out.splitlines()]
-    assert [line["custom_id"] for line in lines] == [r["id"] for r in records[:3]]
+    assert [line["custom_id"] for line in lines] == [r["id"] for r in mix.records[:3]]
     for line in lines:
         assert set(line) == BATCH_KEYS and line["method"] == "POST"
         assert line["url"] == "/v1/chat/completions"
@@ -136,9 +156,9 @@ async def test_jsonl_csv_har_batch(upstream: FakeUpstream, db_url: str, tmp_path
         assert "stream" not in line["body"] and "stream_options" not in line["body"]
     assert lines[0]["body"] == {"model": "gpt-4o-mini", "messages": MESSAGES}
 
-    run = await cli("export", "--format", "batch", "--endpoint", "/v1/embeddings", env=env)
+    run = await cli("export", "--format", "batch", "--endpoint", "/v1/embeddings", env=mix.env)
     assert [orjson.loads(line)["url"] for line in run.out.splitlines()] == ["/v1/embeddings"]
-    run = await cli("export", "--format", "batch", "--endpoint", "/v1/nope", env=env)
+    run = await cli("export", "--format", "batch", "--endpoint", "/v1/nope", env=mix.env)
     assert run.code == 2 and "--endpoint" in run.err and "Traceback" not in run.err
 
 

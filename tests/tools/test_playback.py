@@ -14,12 +14,16 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
+from proxy.relay.app import build_app, make_runner
+from proxy.store import upgrade
 from proxy.store.browse import list_exchanges
 from proxy.store.read import get_exchange, get_raw_stream, reading
+from proxy.store.recorder import DatabaseRecorder
 from proxy.tools.playback import PlaybackOptions, canonical, playing
 from tests import dbs
-from tests.conftest import reserved_port, wait_until_up
+from tests.conftest import reserved_port, start_site, wait_until_up
 from tests.recordings import (
     ANSWERS,
     KEY,
@@ -45,6 +49,25 @@ async def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], byt
         session.post(url + "/v1/chat/completions", data=orjson.dumps(body)) as response,
     ):
         return response.status, dict(response.headers), await response.read()
+
+
+async def playback_process(
+    url: str, cwd: Path, *flags: str
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`flightrec playback --db URL FLAGS` running on a free port; the process and its root."""
+    with reserved_port() as port:  # until playback listens on it
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
+            *flags, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        root = f"http://127.0.0.1:{port}"
+        try:
+            await wait_until_up(root + "/healthz", process)
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+    return process, root
 
 
 async def test_recorded_answers_without_an_upstream(db_url: str, tmp_path: Path) -> None:
@@ -185,19 +208,7 @@ async def test_playback_command(tmp_path: Path) -> None:
     async with fake_upstream() as upstream:
         answer_by_model(upstream)
         recorded = await record_two(config_for(url, upstream.url, tmp_path))
-    with reserved_port() as port:  # until playback listens on it
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", "playback", "--port", str(port), "--db", url,
-            "--match", "ignore-fields=user", cwd=tmp_path,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        root = f"http://127.0.0.1:{port}"
-        try:
-            await wait_until_up(root + "/healthz", process)
-        except BaseException:
-            process.kill()
-            await process.wait()
-            raise
+    process, root = await playback_process(url, tmp_path, "--match", "ignore-fields=user")
     try:
         async with sdk(root) as client:
             answer = await client.chat.completions.with_raw_response.create(
@@ -216,3 +227,58 @@ async def test_playback_command(tmp_path: Path) -> None:
 async def test_playback_bad_match_is_a_usage_error(tmp_path: Path) -> None:
     run = await cli("playback", "--match", "fuzzy", cwd=tmp_path)
     assert run.code == 2 and "Invalid value for '--match'" in run.err, run.err
+
+
+async def _record_failures_then_success(url: str, tmp_path: Path) -> list[str]:
+    """The same request three times through a real proxy: the upstream answers 429, then
+    500, then the completion; the exchanges' ids, in that order."""
+    async with fake_upstream() as upstream:
+        answers = iter([429, 500, 200])
+
+        async def flaky(request: web.Request) -> web.Response:
+            status = next(answers)
+            if status == 200:
+                return web.json_response(ANSWERS["gpt-4o-mini"])
+            kind = "rate_limit_exceeded" if status == 429 else "server_error"
+            error = {"message": f"upstream {status}", "type": kind, "param": None, "code": kind}
+            return web.json_response({"error": error}, status=status)
+
+        upstream.override = flaky
+        config = config_for(url, upstream.url, tmp_path)
+        await upgrade(url)
+        app = build_app(config, DatabaseRecorder(config))
+        runner = make_runner(app, config)
+        await runner.setup()
+        root = await start_site(runner)
+        ids = []
+        try:
+            for _ in range(3):
+                _, headers, _ = await post(root, {"model": "gpt-4o-mini", "messages": MESSAGES})
+                ids.append(headers["X-Flightrec-Id"])
+        finally:
+            await runner.cleanup()
+    return ids
+
+
+async def test_playback_errors_plays_recorded_failures_for_retry_logic(tmp_path: Path) -> None:
+    """`playback --errors` (a real process) answers the recorded 429 and 500 before the
+    recorded success, as the upstream did, so a client's retries meet them and then succeed;
+    without it, only the success is played back."""
+    url = dbs.sqlite_url(tmp_path / "p.db")
+    failed_429, failed_500, ok = await _record_failures_then_success(url, tmp_path)
+    runs: tuple[tuple[list[str], list[str], list[int], list[str | None]], ...] = (
+        (["--errors"], [failed_429, failed_500, ok], [429, 500, 200], ["rate_limit_exceeded"]),
+        ([], [ok], [200], [None]),
+    )
+    for flags, served, statuses, codes in runs:
+        process, root = await playback_process(url, tmp_path, *flags)
+        try:
+            body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+            seen = [await post(root, body) for _ in range(len(served) + 1)]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(process.communicate(), 30)
+        # Each request's answers in the order recorded, the last one again once they run out.
+        assert [headers["X-Flightrec-Id"] for _, headers, _ in seen] == [*served, ok]
+        assert [status for status, _, _ in seen] == [*statuses, 200]
+        assert orjson.loads(seen[0][2]).get("error", {}).get("code") == codes[0]
