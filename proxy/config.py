@@ -91,7 +91,7 @@ class Config:
     retention_bodies_days: int = 0
     """Drop bodies (choices, logprobs, raw streams) older than N days; 0: with their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
-    """`[prices."<model>"]` as written (USD per 1M tokens), read-only; they win over genai-prices."""
+    """`[prices."<model>"]` as written (USD per 1M tokens), read-only; win over genai-prices."""
     price_update: bool = False
     """Refresh genai-prices' data in the background (no outbound call for prices when off)."""
     price_update_url: str = UPDATE_URL
