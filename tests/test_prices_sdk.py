@@ -22,7 +22,7 @@ from openai.types.realtime.realtime_response_usage import RealtimeResponseUsage
 
 from proxy.exchange import Exchange
 from proxy.pricing import Prices
-from proxy.sinks.fanout import MemoryRecorder, RecorderSink, Sinks
+from proxy.sinks.fanout import MemoryRecorder, Sinks
 from proxy.store import create_engine
 from proxy.store.read import get_exchange, render_exchange
 from proxy.store.report import cost_report
@@ -227,7 +227,7 @@ async def test_gpt_realtime_text_and_audio_tokens() -> None:
         )
     )
     recorder = MemoryRecorder()
-    sinks = Sinks([RecorderSink(recorder)], prices=Prices())
+    sinks = Sinks([recorder], prices=Prices())
     sinks.accept(text)
     sinks.accept(audio)
     entry = "genai-prices 0.2.3 openai/gpt-realtime standard"
