@@ -18,6 +18,7 @@ from proxy.alert_rules import AlertRule, Budget, parse_watch
 from proxy.config_values import ConfigError as ConfigError  # the error every command catches
 from proxy.config_values import Frozen as Frozen
 from proxy.config_values import Key
+from proxy.keynames import table
 from proxy.pricing import CONFIG_FIELDS, UPDATE_URL, Prices, upstream_providers
 from proxy.privacy.redact import RedactRule, parse_rules
 
@@ -98,6 +99,7 @@ class Config:
     alerts: tuple[AlertRule, ...] = ()
     budgets: tuple[Budget, ...] = ()
     alerts_interval: float = 30.0
+    keys: Mapping[str, str] = field(default_factory=Frozen)  # `[keys]` (`proxy.keynames`)
 
 
 KEYS: dict[str, Key] = {
@@ -155,7 +157,7 @@ REDACT_KEYS = ("name", "preset", "pattern", "replace")
 PRICE_KEYS = (*CONFIG_FIELDS, "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
-TABLES = ("upstreams", "prices", "redact", "alerts", "budgets")  # arrays, tables: not `KEYS`
+TABLES = ("upstreams", "prices", "redact", "alerts", "budgets", "keys")  # tables: not `KEYS`
 
 
 def flag(key: str, flags: Mapping[str, str] | None = None) -> str:
@@ -244,7 +246,7 @@ def load(
     values = {k: KEYS[k].parse(where, v) for k, (where, v) in given.items() if k in used}
 
     watch = parse_watch(raw, ConfigError) if used & {"alerts", "budgets"} else {}
-    config = replace(Config(), **values, **watch)
+    config = replace(Config(), **values, **watch, **table(raw, ConfigError, used))
     if "upstreams" in raw and "upstreams" in used:
         config = replace(config, upstreams=_parse_upstreams(raw["upstreams"]))
     if "prices" in raw and "prices" in used:

@@ -1,7 +1,7 @@
 """Cost truth: the service tier an exchange was priced at, and every token class of its usage.
 
 Revision ID: 0007
-Revises: 0010
+Revises: 0008
 Create Date: 2026-11-27
 
 `exchanges.service_tier` is the tier the response reported (`flex`, `priority`, ...), which
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007"
-down_revision: str | None = "0010"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

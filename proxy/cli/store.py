@@ -161,17 +161,19 @@ def cost(
     db_url: str | None,
 ) -> None:
     """Spend per model, key, user, tag, day or upstream, with a total."""
+    from proxy.keynames import KeyNames
     from proxy.pricing import Prices, upstream_providers
     from proxy.store import read, report
     from proxy.store import reprice as repricing
     from proxy.store.filters import Filters
 
-    cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices"))
+    cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices", "keys"))
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
     if dry_run and not reprice:
         raise click.UsageError("--dry-run goes with --reprice")
-    filters = Filters(since, until, model, key, tuple(tags))
+    names = KeyNames(cfg.keys)
+    filters = Filters(since, until, model, names.resolve(key) if key else key, tuple(tags))
     prices = Prices(cfg.prices, upstream_providers(cfg.upstreams)) if reprice else None
 
     async def run() -> tuple[repricing.Repriced | None, list[dict[str, Any]]]:
@@ -182,6 +184,11 @@ def cost(
             return done, await report.cost_report(engine, by, filters)
 
     done, rows = asyncio.run(run())
+    if by == "key" and names.table:
+        for row in rows:
+            row["key_name"] = names.name(row["group"], row["key_hint"])
+            if fmt == "table" and row["key_name"]:
+                row["key_hint"] = f"{row['key_name']} ({row['key_hint']})"
     if done is not None:
         click.echo(repricing.summary(done), err=True)
     if fmt == "json":

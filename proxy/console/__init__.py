@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.config import Config, ConfigError
-from proxy.console import alerts, api, auth, database, pages
+from proxy.console import alerts, api, auth, axes, database, overview_page, pages, session_page
 from proxy.console.auth import check_bind
 from proxy.console.state import CONSOLE, Console, state
 from proxy.sinks.metrics import MetricsSink, registry
@@ -39,7 +39,7 @@ def templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=pages.when, ms=pages.ms, usd=pages.usd)
+    env.filters.update(when=pages.when, ms=pages.ms, usd=pages.usd, usd4=axes.usd)
     return env
 
 
@@ -70,9 +70,11 @@ def build_console(
     )
     app.cleanup_ctx.append(database.open_database)
     app.on_response_prepare.append(auth.add_security_headers)
+    session_page.add_routes(app)  # before the API's catch-all for unknown routes
     api.add_routes(app)
     pages.add_routes(app)
     alerts.add_routes(app)
+    overview_page.add_routes(app)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_static("/static/", HERE / "static", append_version=True)
     return app

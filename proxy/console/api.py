@@ -15,7 +15,7 @@ from aiohttp import web
 from proxy.console import params
 from proxy.console.openapi import document
 from proxy.console.state import state
-from proxy.store import browse, detail, report, series
+from proxy.store import browse, detail, overview, report, series
 from proxy.store.engine import StoreError
 from proxy.store.read import get_exchange
 
@@ -59,11 +59,15 @@ async def list_page(request: web.Request) -> tuple[list[dict[str, Any]], str | N
     the cursor of the next page, and the cursor this page started at."""
     query = request.query
     params.check_known(query, params.LIST_PARAMS)
-    filters = params.list_filters(query)
+    filters = params.list_filters(query, state(request).names)
     limit, cursor = params.page(query)
-    items, following = await browse.list_page(
-        state(request).db(), filters, limit=limit, cursor=cursor
-    )
+    order = params.sort(query)
+    try:
+        items, following = await browse.list_page(
+            state(request).db(), filters, limit=limit, cursor=cursor, sort=order
+        )
+    except ValueError as exc:  # a cursor of another order
+        raise params.BadParam("cursor", str(exc)) from None
     return items, following, cursor
 
 
@@ -87,7 +91,7 @@ async def cost(request: web.Request) -> web.Response:
     query = request.query
     params.check_known(query, params.COST_PARAMS | {"by"})
     rows = await report.cost_report(
-        state(request).db(), params.by(query), params.cost_filters(query)
+        state(request).db(), params.by(query), params.cost_filters(query, state(request).names)
     )
     return json_response(report.as_json(rows))
 
@@ -96,7 +100,20 @@ async def cost_series(request: web.Request) -> web.Response:
     query = request.query
     params.check_known(query, params.COST_PARAMS | {"by", "bucket"})
     found = await series.cost_series(
-        state(request).db(), params.by(query), params.bucket(query), params.cost_filters(query)
+        state(request).db(),
+        params.by(query),
+        params.bucket(query),
+        params.cost_filters(query, state(request).names),
+    )
+    return json_response(found)
+
+
+async def overview_api(request: web.Request) -> web.Response:
+    """SPEC 8's `/api/overview`, for the filters of the list."""
+    query = request.query
+    params.check_known(query, params.OVERVIEW_PARAMS)
+    found = await overview.overview(
+        state(request).db(), params.list_filters(query, state(request).names)
     )
     return json_response(found)
 
@@ -122,5 +139,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/exchanges/{id}/timeline", exchange_timeline)
     app.router.add_get("/api/cost", cost)
     app.router.add_get("/api/cost/series", cost_series)
+    app.router.add_get("/api/overview", overview_api)
     app.router.add_get("/api/fingerprints", fingerprints)
     app.router.add_get("/api/{tail:.*}", not_found)

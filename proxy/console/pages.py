@@ -15,10 +15,10 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from proxy.console import api, auth, charts, params, views
+from proxy.console import api, auth, charts, cost_chart, exchange_parts, listing, params, views
 from proxy.console.state import state
 from proxy.privacy.keep import redactor_for
-from proxy.store import browse, detail, report, series
+from proxy.store import browse, detail, overview, report, series, sessions
 from proxy.store.engine import StoreError
 from proxy.store.filters import Filters
 from proxy.store.read import get_exchange
@@ -26,6 +26,9 @@ from proxy.tools import export as export_mod
 from proxy.tools.compare import compare, content_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LIST = "/exchanges"
+GROUPS = ("model", "key", "user", "upstream", "day")
+"""The cost page's `By` choices, before the tag keys the record has."""
 EXPORT_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "har": "application/json"}
 
 
@@ -73,7 +76,9 @@ async def list_view(request: web.Request) -> web.Response:
     query = request.query
     items, following, cursor = await api.list_page(request)
     kept = params.plain(query, params.LIST_PARAMS - {"cursor"})
-    filter_pairs = [(k, v) for k, v in kept if k != "limit"]
+    filter_pairs = [(k, v) for k, v in kept if k not in ("limit", "sort")]
+    engine = state(request).db()
+    await listing.decorate(engine, items, state(request).names)
     return render(
         request,
         "list.html",
@@ -81,10 +86,15 @@ async def list_view(request: web.Request) -> web.Response:
         form={k: query.get(k, "") for k in params.LIST_PARAMS},
         tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
         outcomes=browse.OUTCOMES,
-        next_url=None if following is None else _url("/", [*kept, ("cursor", following)]),
-        first_url=_url("/", kept) if cursor else None,
+        models=[v for v, _ in await overview.choices(engine, "model_any")],
+        next_url=None if following is None else _url(LIST, [*kept, ("cursor", following)]),
+        first_url=_url(LIST, kept) if cursor else None,
         exports={f: _url("/export", [*filter_pairs, ("format", f)]) for f in EXPORT_TYPES},
         filtered=bool(filter_pairs),
+        summary=await listing.summary(engine, params.list_filters(query, state(request).names)),
+        sorts=listing.sort_links(kept, params.sort(query)),
+        api_url=_url("/api/exchanges", [(k, v) for k, v in kept if k != "sort"]),
+        live=not cursor and params.sort(query) == "newest",
     )
 
 
@@ -113,7 +123,13 @@ async def exchange_view(request: web.Request) -> web.Response:
         answers=parts["answer"],
         logprobs=views.logprob_view(probs["choices"]),
         timeline=views.timeline(await detail.timeline(engine, shown["id"])),
-        tokens=views.tokens(shown["tokens"]),
+        session=await sessions.session_of(engine, shown),
+        key_name=state(request).names.name(shown["key_hash"], shown["key_hint"]),
+        parameters=exchange_parts.parameters(shown["request"], shown["response"]),
+        counts=exchange_parts.tokens(shown["tokens"]),
+        curl=exchange_parts.curl(shown),
+        raw_request=exchange_parts.raw(shown["request"]),
+        raw_response=exchange_parts.raw(shown["response"]),
     )
 
 
@@ -152,12 +168,16 @@ async def diff_view(request: web.Request) -> web.Response:
 async def cost_view(request: web.Request) -> web.Response:
     query = request.query
     params.check_known(query, params.COST_PARAMS | {"by", "bucket"})
-    filters = params.cost_filters(query)
+    filters = params.cost_filters(query, state(request).names)
     by, bucket = params.by(query), params.bucket(query)
     engine = state(request).db()
     rows = await report.cost_report(engine, by, filters)
     found = await series.cost_series(engine, by, bucket, filters)
     kept = params.plain(query, params.COST_PARAMS)
+    tag_keys = sorted(
+        {value.split("=", 1)[0] for value, _ in await overview.choices(engine, "tag")}
+    )
+    groups = [*GROUPS, *(f"tag:{key}" for key in tag_keys)]
     return render(
         request,
         "cost.html",
@@ -167,8 +187,8 @@ async def cost_view(request: web.Request) -> web.Response:
         bucket=bucket,
         form={k: query.get(k, "") for k in params.COST_PARAMS},
         tags=[v for v in query.getall("tag", []) if v.strip()] or [""],
-        cost_chart=charts.stacked_bars(found, "cost"),
-        token_chart=charts.stacked_bars(found, "tokens"),
+        charts=await cost_chart.charts(engine, found, filters, bucket),
+        groups=groups,
         api_url=_url("/api/cost", [*kept, ("by", by)]),
     )
 
@@ -181,11 +201,11 @@ async def fingerprints_view(request: web.Request) -> web.Response:
 async def export_view(request: web.Request) -> web.StreamResponse:
     """The list's current filter as CSV, JSONL or HAR (`flightrec export`'s writers)."""
     query = request.query
-    params.check_known(query, (params.LIST_PARAMS - {"cursor", "limit"}) | {"format"})
+    params.check_known(query, (params.LIST_PARAMS - {"cursor", "limit", "sort"}) | {"format"})
     fmt = query.get("format", "")
     if fmt not in EXPORT_TYPES:
         raise params.BadParam("format", f"expected one of {', '.join(EXPORT_TYPES)}")
-    filters = Filters(also=tuple(params.list_filters(query).where()))
+    filters = Filters(also=tuple(params.list_filters(query, state(request).names).where()))
     response = web.StreamResponse(
         headers={
             "Content-Type": EXPORT_TYPES[fmt],
@@ -244,7 +264,7 @@ async def logout(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/", list_view)
+    app.router.add_get(LIST, list_view)
     app.router.add_get("/exchanges/{id}", exchange_view)
     app.router.add_get("/exchanges/{id}/diff", diff_view)
     app.router.add_get("/exchanges/{id}/text/{side}/{at}", text_view)

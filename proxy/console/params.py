@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 from multidict import MultiMapping
 
+from proxy.keynames import KeyNames
+from proxy.store import sorting
 from proxy.store.browse import MAX_LIMIT, OUTCOMES, ListFilters, decode_cursor
 from proxy.store.cost import parse_by
 from proxy.store.filters import Filters
@@ -23,8 +25,10 @@ Query = MultiMapping[str]
 
 COST_PARAMS = frozenset({"since", "until", "model", "key", "tag"})
 LIST_PARAMS = COST_PARAMS | {
-    "outcome", "status", "user", "upstream", "fingerprint", "replay_of", "q", "limit", "cursor",
+    "outcome", "status", "user", "upstream", "fingerprint", "replay_of", "session", "q", "limit",
+    "cursor", "sort",
 }  # fmt: skip
+OVERVIEW_PARAMS = LIST_PARAMS - {"limit", "cursor", "sort"}
 
 
 class BadParam(ValueError):
@@ -46,14 +50,17 @@ def _one(query: Query, name: str, parse: Callable[[str], T]) -> T | None:
 
 
 def _status(text: str) -> int:
+    """A status, or a class of them as 400 / 500 times -1: `4xx`, `5xx`."""
+    if text.lower() in ("4xx", "5xx"):
+        return -int(text[0])
     if not text.isdigit() or not 100 <= int(text) <= 599:
-        raise ValueError(f"expected an HTTP status 100-599, got {text!r}")
+        raise ValueError(f"expected an HTTP status 100-599, 4xx or 5xx, got {text!r}")
     return int(text)
 
 
 def _outcome(text: str) -> str:
-    if text not in OUTCOMES:
-        raise ValueError(f"expected one of {', '.join(OUTCOMES)}, got {text!r}")
+    if text not in (*OUTCOMES, "error"):
+        raise ValueError(f"expected one of {', '.join(OUTCOMES)} or error, got {text!r}")
     return text
 
 
@@ -64,7 +71,10 @@ def _limit(text: str) -> int:
 
 
 def _cursor(text: str) -> str:
-    decode_cursor(text)
+    try:
+        decode_cursor(text)
+    except ValueError:
+        sorting.decode(text)  # a cursor of another order, or a ValueError
     return text
 
 
@@ -74,7 +84,7 @@ def check_known(query: Query, known: frozenset[str]) -> None:
             raise BadParam(name, f"unknown parameter (known: {', '.join(sorted(known))})")
 
 
-def cost_filters(query: Query) -> Filters:
+def cost_filters(query: Query, names: KeyNames | None = None) -> Filters:
     """since, until, model, key, tag (repeatable): what `flightrec cost` takes."""
     tags = []
     for value in query.getall("tag", []):
@@ -87,18 +97,24 @@ def cost_filters(query: Query) -> Filters:
     until = _one(query, "until", parse_since)
     if since is not None and until is not None and since >= until:
         raise BadParam("until", "must be later than since")
-    return Filters(since, until, _one(query, "model", str), _one(query, "key", str), tuple(tags))
+    key = _one(query, "key", str)
+    if key is not None and names is not None:
+        key = names.resolve(key)
+    return Filters(since, until, _one(query, "model", str), key, tuple(tags))
 
 
-def list_filters(query: Query) -> ListFilters:
+def list_filters(query: Query, names: KeyNames | None = None) -> ListFilters:
+    status = _one(query, "status", _status)
     return ListFilters(
-        base=cost_filters(query),
+        base=cost_filters(query, names),
         outcome=_one(query, "outcome", _outcome),
-        status=_one(query, "status", _status),
+        status=None if status is None or status < 0 else status,
+        status_class=None if status is None or status > 0 else -status,
         user=_one(query, "user", str),
         upstream=_one(query, "upstream", str),
         fingerprint=_one(query, "fingerprint", str),
         replay_of=_one(query, "replay_of", str),
+        session=_one(query, "session", str),
         q=_one(query, "q", str),
     )
 
@@ -106,6 +122,10 @@ def list_filters(query: Query) -> ListFilters:
 def page(query: Query, default_limit: int = 50) -> tuple[int, str | None]:
     """(limit, cursor) of a list request."""
     return _one(query, "limit", _limit) or default_limit, _one(query, "cursor", _cursor)
+
+
+def sort(query: Query) -> str:
+    return _one(query, "sort", sorting.parse_sort) or "newest"
 
 
 def by(query: Query, default: str = "model") -> str:

@@ -9,6 +9,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.config import Config
+from proxy.keynames import KeyNames
 from proxy.sinks.metrics import MetricsSink
 
 
@@ -30,6 +31,11 @@ class Console:
     @property
     def token(self) -> str | None:
         return self.config.console_token or None
+
+    @property
+    def names(self) -> KeyNames:
+        """The `[keys]` names of API keys."""
+        return KeyNames(self.config.keys)
 
     def db(self) -> AsyncEngine:
         assert self.engine is not None, "the console app is not running"

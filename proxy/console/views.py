@@ -31,15 +31,34 @@ def _text(content: Any) -> str | None:
     """Message content as text: a string, or the text of its parts (others named)."""
     if content is None or isinstance(content, str):
         return content
+    if isinstance(content, list) and content and all(isinstance(p, int) for p in content):
+        return f"[{len(content)} token ids]"
     if isinstance(content, list):
         out = []
         for part in content:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 out.append(part["text"])
             elif isinstance(part, dict):
-                out.append(f"[{part.get('type', 'part')}]")
+                out.append(_part_note(part))
+            elif isinstance(part, str):  # embeddings and moderations take lists of strings
+                out.append(part)
         return "\n".join(out)
     return pretty_json(content)
+
+
+def _part_note(part: dict[str, Any]) -> str:
+    """A non-text part named, with what it points at: `[image: https://...]`, `[audio: wav]`."""
+    kind = str(part.get("type", "part"))
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    if isinstance(url, str):
+        where = f"inline, {len(url) * 3 // 4 // 1024} KB" if url.startswith("data:") else url
+        return f"[image: {where[:200]}]"
+    audio = part.get("input_audio")
+    if isinstance(audio, dict):
+        size = len(str(audio.get("data", ""))) * 3 // 4 // 1024
+        return f"[audio: {audio.get('format', '?')}, {size} KB]"
+    return f"[{kind}]"
 
 
 def _calls(message: dict[str, Any]) -> list[dict[str, str]]:
@@ -87,20 +106,6 @@ def cut(message: dict[str, Any], full_url: str) -> None:
     if isinstance(text, str) and len(text) > SHOWN_CHARS:
         message["content"] = text[:SHOWN_CHARS]
         message["cut"] = {"shown": SHOWN_CHARS, "total": len(text), "url": full_url}
-
-
-def tokens(found: Any) -> dict[str, Any] | None:
-    """Prompt (cached), completion (reasoning) counts as decoded when the exchange completed
-    (`show`'s `tokens`); "-" for a count the record lacks."""
-    if not isinstance(found, dict):
-        return None
-
-    def count(name: str) -> Any:
-        value = found.get(name)
-        return value if isinstance(value, int) else "-"
-
-    names = ("prompt", "completion", "cached", "reasoning")
-    return {name: count(name) for name in names}
 
 
 def is_binary(body: Any) -> bool:

@@ -98,6 +98,7 @@ class Controls:
     omit_request: bool = False
     omit_response: bool = False
     replay_of: str | None = None
+    session: str | None = None
 
 
 def control_headers(headers: Headers) -> Controls:
@@ -118,6 +119,8 @@ def control_headers(headers: Headers) -> Controls:
             controls.omit_response = bool(parts & {"response", "all"})
         elif what == "replay-of":
             controls.replay_of = value or None
+        elif what == "session":
+            controls.session = value.strip() or None
     return controls
 
 

@@ -130,6 +130,7 @@ def _describe_request(exchange: Exchange, headers: Any) -> None:
     exchange.omit_request = controls.omit_request
     exchange.omit_response = controls.omit_response
     exchange.replay_of = controls.replay_of
+    exchange.session = controls.session
     exchange.traceparent = headers.get("traceparent")
     exchange.key_hash, exchange.key_hint = key_identity(headers)
     exchange.user = controls.user

@@ -26,6 +26,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from proxy.config import Config
 from proxy.exchange import Exchange
+from proxy.keynames import KeyNames
 from proxy.stream.endpoints import FREE_ENDPOINT
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -118,6 +119,7 @@ class MetricsSink:
         self._model = _Bounded()
         self._user = _Bounded()
         self._key = _Bounded()
+        self._names = KeyNames(config.keys)
         self._fingerprints: dict[tuple[str, str], str] = {}
         self._known: dict[tuple[Any, ...], _Series] = {}
         self._written = self._journaled = 0
@@ -334,7 +336,9 @@ class _Series:
         self, sink: MetricsSink, upstream: str, model: str, ex: Exchange, stream: str
     ) -> None:
         extra = [
-            sink._user(ex.user) if label == "user" else sink._key(ex.key_hash)
+            sink._user(ex.user)
+            if label == "user"
+            else sink._key(sink._names.name(ex.key_hash, ex.key_hint) or ex.key_hash)
             for label in sink._extra
         ]
         self.model = model

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.exchange import Outcome
+from proxy.store import sorting
 from proxy.store import tables as t
 from proxy.store.filters import Filters
 from proxy.store.read import _iso, _tags
@@ -34,13 +35,19 @@ class ListFilters:
     base: Filters = field(default_factory=Filters)
     """since, until, model (requested or answering), key (hint or hash prefix), tags."""
     outcome: str | None = None
+    """One outcome, or `error`: any outcome but `ok`."""
     status: int | None = None
+    status_class: int | None = None
+    """4 or 5: any 4xx or 5xx status."""
     user: str | None = None
     upstream: str | None = None
     fingerprint: str | None = None
     """The response's `system_fingerprint`, exactly."""
     replay_of: str | None = None
     """Only replays of this exchange."""
+    session: str | None = None
+    """The exchanges of one session: its `session` id, or the first exchange of a chain the
+    writer linked, whose id the chain took (`threads.py`)."""
     q: str | None = None
     """Text searched (case-insensitively for ASCII) in stored requests and answers
     (`_text_search`)."""
@@ -48,8 +55,9 @@ class ListFilters:
     def where(self) -> list[sa.ColumnElement[bool]]:
         ex = t.exchanges
         found = self.base.where()
+        outcome = None if self.outcome == "error" else self.outcome
         for column, value in (
-            (ex.c.outcome, self.outcome),
+            (ex.c.outcome, outcome),
             (ex.c.status, self.status),
             (ex.c.end_user, self.user),
             (ex.c.upstream, self.upstream),
@@ -64,6 +72,11 @@ class ListFilters:
             found.append(ex.c.outcome != sa.literal_column("'ok'"))
         if self.status is not None and self.status >= 400:
             found.append(ex.c.status >= sa.literal_column("400"))
+        if self.status_class is not None:
+            low = self.status_class * 100
+            found += [ex.c.status >= sa.literal_column("400"), ex.c.status.between(low, low + 99)]
+        if self.session is not None:
+            found.append(sa.or_(ex.c.session == self.session, ex.c.id == self.session))
         if self.q:
             found.append(_text_search(self.q))
         return found
@@ -128,8 +141,10 @@ def _summary_query(filters: ListFilters) -> sa.Select[Any]:
             ex.c.cost_usd,
             ex.c.end_user.label("user"),
             ex.c.key_hint,
+            ex.c.key_hash,
             ex.c.system_fingerprint,
             ex.c.replay_of,
+            ex.c.session,
         )
         .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
         .where(*filters.where())
@@ -143,11 +158,15 @@ async def list_page(
     *,
     limit: int = 50,
     cursor: str | None = None,
+    sort: str = "newest",
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """One page of `logs --json` objects, newest first, and the cursor of the next page
-    (None on the last). `cursor` is the `next` of the previous page."""
+    """One page of `logs --json` objects, newest first (or in another `sorting` order), and
+    the cursor of the next page (None on the last). `cursor` is the `next` of the previous
+    page."""
     ex = t.exchanges
     query = _summary_query(filters or ListFilters()).limit(limit + 1)
+    if sort != "newest":
+        return await _sorted_page(engine, query, sort, limit, cursor)
     if cursor is not None:
         started, last_id = decode_cursor(cursor)
         # The first condition alone bounds the index range; the second drops the rows of
@@ -165,6 +184,24 @@ async def list_page(
         for row in rows
     ]
     following = encode_cursor(items[-1]["started_at"], items[-1]["id"]) if more else None
+    return items, following
+
+
+async def _sorted_page(
+    engine: AsyncEngine, query: sa.Select[Any], sort: str, limit: int, cursor: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    query = sorting.ordered(query, sort)
+    if cursor is not None:
+        query = sorting.after(query, sort, cursor)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).mappings().all()
+        rows, more = rows[:limit], len(rows) > limit
+        tags_by_id = await _tags(conn, [row["id"] for row in rows])
+    following = sorting.encode(sort, dict(rows[-1])) if more else None
+    items = [
+        {**row, "started_at": _iso(row["started_at"]), "tags": tags_by_id[row["id"]]}
+        for row in rows
+    ]
     return items, following
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from proxy.store import facets, threads
 from proxy.store import tables as t
 from proxy.store.rows import (
     Rows,
@@ -36,6 +38,12 @@ ON CONFLICT (upstream, model, system_fingerprint) DO UPDATE SET
     first_seen = least(fingerprints.first_seen, excluded.first_seen),
     last_seen = greatest(fingerprints.last_seen, excluded.last_seen)"""
 """Its columns are `tables.fingerprints`' in declared order, as `records` gives them."""
+FACETS = facets.upsert_sql("postgresql")
+TURNS = (
+    "SELECT turn_key, id, session FROM exchanges WHERE turn_key = ANY($1::varchar[]) "
+    "ORDER BY started_at"
+)
+"""The stored exchanges a batch's chat turns continue (`threads.link`), newest last."""
 
 
 class PgWriter:
@@ -62,6 +70,11 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
     # transaction that the raw COPYs and the upsert after it then run in.
     found = await conn.exec_driver_sql(STORED_IDS, (list(by_id),))
     fresh = not_stored(by_id, found.scalars())
+    wanted = threads.wanted(fresh)
+    turns: list[tuple[Any, ...]] = []
+    if wanted:
+        turns = [tuple(row) for row in await conn.exec_driver_sql(TURNS, (wanted,))]
+    threads.link(fresh, {row[0]: (row[1], row[2]) for row in turns})
     driver = await _driver(conn)
     with _refused_as_value_error():
         for table, rows in table_records(fresh):
@@ -71,6 +84,10 @@ async def write_in(conn: AsyncConnection, batch: Sequence[Rows]) -> int:
         merged = merged_fingerprints([rows.fingerprint for rows in fresh if rows.fingerprint])
         if merged:
             await driver.executemany(COUNT_FINGERPRINTS, records(t.fingerprints, merged))
+        summed = facets.of_batch(fresh)
+        if summed:
+            # The overview's sums, in this transaction: added once, for what was inserted.
+            await driver.executemany(FACETS, facets.records(summed))
     return len(fresh)
 
 

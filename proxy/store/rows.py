@@ -26,6 +26,7 @@ from proxy.store.bodies import stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
 from proxy.store.logprob_rows import Record, logprob_records
+from proxy.store.threads import keys
 from proxy.usage import Usage
 
 Row = dict[str, Any]
@@ -174,6 +175,7 @@ def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
         "price_entry": _text(ex.price_entry),
         "redacted": _json(ex.redacted),
         "session": _text(ex.session),
+        **dict(zip(("turn_key", "parent_key"), keys(ex.request_json, response), strict=True)),
         "service_tier": _text(ex.service_tier),
     }
 

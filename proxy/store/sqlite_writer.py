@@ -34,6 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from proxy.store import facets, threads
 from proxy.store import tables as t
 from proxy.store.engine import create_private, describe, sqlite_pragmas
 from proxy.store.logprob_rows import Record
@@ -73,6 +74,7 @@ WAL_WARN_BYTES = 256 * 1024 * 1024
 WARN_EVERY = 60.0
 """Seconds between two warnings about the log while the trouble lasts."""
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_FACETS = facets.upsert_sql("sqlite")
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -179,6 +181,7 @@ class SqliteWriter:
         await self._begin(con)
         try:
             fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
+            threads.link(fresh, _turns(con, threads.wanted(fresh)))
             turns = Turns()
             for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
@@ -189,6 +192,9 @@ class SqliteWriter:
             if fingerprints:
                 merged = records(t.fingerprints, fingerprints)
                 con.executemany(COUNT_FINGERPRINTS, _sqlite_records(t.fingerprints, merged))
+            summed = facets.of_batch(fresh)
+            if summed:
+                con.executemany(_FACETS, facets.records(summed, sqlite_time))
             await self._commit(con)
         except BaseException as exc:
             self._abandon(con, exc)
@@ -273,6 +279,21 @@ def _stored_ids(con: sqlite3.Connection, ids: list[str]) -> list[str]:
         found = con.execute(f"SELECT id FROM exchanges WHERE id IN ({marks})", part)
         stored.extend(row[0] for row in found)
     return stored
+
+
+def _turns(con: sqlite3.Connection, wanted: list[str]) -> dict[str, tuple[str, str | None]]:
+    """The newest stored exchange (id, session) for each turn key in `wanted`."""
+    found: dict[str, tuple[str, str | None]] = {}
+    for start in range(0, len(wanted), 500):
+        part = wanted[start : start + 500]
+        marks = ", ".join("?" * len(part))
+        rows = con.execute(
+            "SELECT turn_key, id, session FROM exchanges WHERE turn_key IN "
+            f"({marks}) ORDER BY started_at",
+            part,
+        )
+        found.update((key, (exchange_id, session)) for key, exchange_id, session in rows)
+    return found
 
 
 def _insert(con: sqlite3.Connection, table: sa.Table, found: list[Record]) -> None:

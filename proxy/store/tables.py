@@ -96,6 +96,9 @@ exchanges = sa.Table(
     sa.Column("redacted", Json),
     # The session the exchange belongs to (migration 0006).
     sa.Column("session", sa.String()),
+    # What a next turn names and what this one names (`threads.py`, migration 0008).
+    sa.Column("turn_key", sa.String()),
+    sa.Column("parent_key", sa.String()),
     # The service tier the response reported, which chose the price (migration 0007).
     sa.Column("service_tier", sa.String()),
     sa.Index(None, "started_at"),
@@ -108,6 +111,7 @@ exchanges = sa.Table(
     # Partial: only failures, what the console's error filters look for (migration 0003).
     sa.Index(None, "outcome", "started_at", **_where("outcome <> 'ok'")),
     sa.Index(None, "status", "started_at", **_where("status >= 400")),
+    sa.Index(None, "turn_key", **_where_set("turn_key")),
 )
 
 tags = sa.Table(
@@ -264,3 +268,49 @@ alert_events = sa.Table(
     sa.Index(None, "at"),
 )
 """Every move of an `alert_state` row: what the console's `/alerts` lists as past alerts."""
+
+LATENCY_BOUNDS_MS = tuple(round(25 * 2 ** (i / 2)) for i in range(27))
+"""Upper bounds of the latency histogram's buckets (ms, a factor of about 1.41 apart, 25 ms to
+205 s); the last bucket holds everything above. A percentile read from them is within that
+factor: `facets.percentile` interpolates inside the bucket."""
+HISTOGRAM = len(LATENCY_BOUNDS_MS) + 1
+DURATION_COLUMNS = tuple(f"d{i}" for i in range(HISTOGRAM))
+TTFT_COLUMNS = tuple(f"t{i}" for i in range(HISTOGRAM))
+FACET_SUMS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cost_nano",
+    "priced",
+    "unpriced",
+    *DURATION_COLUMNS,
+    *TTFT_COLUMNS,
+)
+
+FACET_TOP = ("value", "hint", "requests", "errors", "cost_nano", "priced", "unpriced")
+"""What the top lists read of a facet row."""
+
+facets = sa.Table(
+    "facets",
+    metadata,
+    sa.Column("dim", sa.String(), primary_key=True),
+    sa.Column("span", sa.String(4), primary_key=True),
+    sa.Column("start", Time, primary_key=True),
+    sa.Column("value", sa.String(), primary_key=True),
+    sa.Column("hint", sa.String()),
+    *(sa.Column(name, sa.BigInteger(), nullable=False) for name in FACET_SUMS),
+    # A filter reads one value's rows; the top lists read every value of a range, from this
+    # index alone (the histograms make the rows themselves wide).
+    sa.Index(None, "dim", "value", "span", "start"),
+    sa.Index("ix_facets_top", "dim", "span", "start", *FACET_TOP),
+    # SQLite keeps the rows in key order: a range of one facet is read in one pass.
+    sqlite_with_rowid=False,
+)
+"""The writer's running sums for the overview (migration 0008): per UTC hour and per UTC day
+(`span`), per facet (`dim`: `all`, `upstream`, `model` (answering, else requested),
+`model_any` (each of the two), `key` (its hash; `hint` beside it), `user`, `tag` (`k=v`)) and
+its `value`. Written in the transaction that inserts the exchanges (`facets.py`), so a
+dashboard reads a few rows per bucket, never the exchanges."""

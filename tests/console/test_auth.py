@@ -141,7 +141,7 @@ async def test_security_headers_on_every_response(guarded: tuple[Client, Seeded]
 async def test_hostile_content_is_text(guarded: tuple[Client, Seeded]) -> None:
     client, s = guarded
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    pages = ["/", f"/exchanges/{s.hostile.id}", f"/?q={BIG[:10]}", "/cost?by=user"]
+    pages = ["/", f"/exchanges/{s.hostile.id}", f"/exchanges?q={BIG[:10]}", "/cost?by=user"]
     for path in pages:
         html = await (await client.get(path, headers=auth)).text()
         assert "<script>window" not in html and "<img src=x" not in html

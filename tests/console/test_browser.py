@@ -64,7 +64,7 @@ async def shot(page: Any, name: str) -> None:
 
 async def test_click_through_the_console(page: Any, site: tuple[str, Seeded, str]) -> None:
     root, s, db = site
-    await page.goto(root + "/")
+    await page.goto(root + "/exchanges")
     rows = page.locator("table.list tbody tr")
     assert await rows.count() == len(s.all())
     assert "house-model-9" in await rows.nth(1).inner_text()  # newest first
@@ -72,7 +72,7 @@ async def test_click_through_the_console(page: Any, site: tuple[str, Seeded, str
 
     await page.fill("input[name=user]", "cat")
     await page.click("form.filters button[type=submit]")
-    await page.wait_for_url("**/?*user=cat*")
+    await page.wait_for_url("**/exchanges?*user=cat*")
     assert await rows.count() == 2
     await page.click(f"a[href='/exchanges/{s.original.id}']")
     await page.wait_for_url(f"**/exchanges/{s.original.id}")
@@ -117,7 +117,12 @@ async def test_recorded_content_never_runs(page: Any, site: tuple[str, Seeded, s
     page.on("dialog", on_dialog)
     errors: list[str] = []
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    for path in ("/", f"/exchanges/{s.hostile.id}", f"/?user={HOSTILE[:20]}", "/fingerprints"):
+    for path in (
+        "/",
+        f"/exchanges/{s.hostile.id}",
+        f"/exchanges?user={HOSTILE[:20]}",
+        "/fingerprints",
+    ):
         await page.goto(root + path)
         await page.wait_for_load_state("load")
         assert await page.evaluate("typeof window.pwned") == "undefined"

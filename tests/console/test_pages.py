@@ -50,13 +50,13 @@ async def test_export_the_current_filter(site: tuple[Client, Seeded]) -> None:
     har = json.loads(await text(client, "/export?format=har&q=colours"))
     assert len(har["log"]["entries"]) == 2
     assert "format" in await text(client, "/export?format=pdf", 400)
-    listed = await text(client, "/?user=cat")
+    listed = await text(client, "/exchanges?user=cat")
     assert 'href="/export?user=cat&amp;format=csv"' in listed
 
 
 async def test_bad_parameters_and_unknown_ids_are_pages(site: tuple[Client, Seeded]) -> None:
     client, _ = site
-    page = await text(client, "/?status=abc", 400)
+    page = await text(client, "/exchanges?status=abc", 400)
     assert "status: expected an HTTP status" in page and "<!doctype html>" in page
     assert "no exchange with id" in await text(client, "/exchanges/nope", 404)
     assert "no page at /nowhere" in await text(client, "/nowhere", 404)
@@ -65,8 +65,8 @@ async def test_bad_parameters_and_unknown_ids_are_pages(site: tuple[Client, Seed
 
 async def test_pages_keep_the_filter_across_pages(site: tuple[Client, Seeded]) -> None:
     client, s = site
-    first = await text(client, "/?limit=2&model=gpt-4o-mini")
-    assert first.count('<tr>\n    <td><a href="/exchanges/') == 2
+    first = await text(client, "/exchanges?limit=2&model=gpt-4o-mini")
+    assert first.count("<tr data-id=") == 2
     start = first.index('rel="next"') - 300
     link = first[start:].split('href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
     assert "model=gpt-4o-mini" in link and "limit=2" in link and "cursor=" in link
@@ -146,7 +146,7 @@ async def test_fingerprints_page(site: tuple[Client, Seeded]) -> None:
     client, _ = site
     page = await text(client, "/fingerprints")
     for fingerprint in ("fp_test", "fp_two", "fp_new"):
-        assert f'href="/?fingerprint={fingerprint}' in page
+        assert f'href="/exchanges?fingerprint={fingerprint}' in page
     assert page.count("<rect") >= 3
 
 
@@ -177,9 +177,20 @@ async def test_a_long_message_shows_its_beginning_and_links_to_all_of_it(
 async def test_the_cost_chart_says_unpriced_never_zero(site: tuple[Client, Seeded]) -> None:
     client, s = site
     page = html.unescape(await text(client, "/cost?by=model&bucket=hour"))
-    tips = [part.split("</title>")[0] for part in page.split("<title>")[2:]]
-    tips = [tip for tip in tips if not tip.endswith(" tokens")]  # the cost chart's bars
-    unpriced = [tip for tip in tips if "house-model-9" in tip]
-    assert unpriced and all(tip.endswith(": unpriced") for tip in unpriced), unpriced
-    priced = [tip for tip in tips if str(s.old.model) in tip]
-    assert priced and all(": $" in tip for tip in priced), priced  # priced models keep dollars
+    chart = page[page.index("Spend (USD) per hour") : page.index("Tokens (prompt")]
+    tips = [part.split("</title>")[0].split(" UTC · ", 1)[-1] for part in chart.split("<title>")]
+    parts = [part for tip in tips[1:] for part in tip.split(", ") if ": " in part]
+    unpriced = [part for part in parts if "house-model-9" in part]
+    assert unpriced and all(part.endswith(": unpriced") for part in unpriced), unpriced
+    priced = [part for part in parts if str(s.old.model) in part]
+    assert priced and all(": $" in part for part in priced), priced  # priced models keep dollars
+    assert not [part for part in parts if part.endswith(": $0")]  # a bucket's absent groups
+
+
+async def test_old_list_links_go_to_the_list(site: tuple[Client, Seeded]) -> None:
+    client, _ = site
+    old = await client.get("/?limit=2&q=colours&user=cat", allow_redirects=False)
+    assert old.status == 302
+    assert old.headers["Location"] == "/exchanges?limit=2&q=colours&user=cat"
+    shared = await text(client, "/?user=cat")  # a filter both pages have: the overview
+    assert "<h1>Overview</h1>" in shared and 'href="/exchanges?user=cat&amp;since=7d"' in shared

@@ -175,5 +175,7 @@ async def test_search_finds_answers_beyond_chat(shapes: tuple[Client, Shapes]) -
     assert await ids(client, "lazy dog") == [s.transcription]
     assert await ids(client, "legacy endpoint") == [s.completion]
     assert await ids(client, "nothing says this") == []
-    page = await (await client.get("/", params={"q": "brown fox"})).text()  # the list page too
+    page = await (
+        await client.get("/exchanges", params={"q": "brown fox"})
+    ).text()  # the list page too
     assert s.transcription in page and s.responses not in page

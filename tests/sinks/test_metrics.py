@@ -311,3 +311,17 @@ async def test_serve_with_two_workers_sums_their_metrics(
             process.send_signal(signal.SIGTERM)
             await asyncio.wait_for(process.wait(), 60)
     check_counters(samples, times=2 * rounds, fingerprint_changes=2)
+
+
+async def test_a_named_key_is_labelled_by_its_name(
+    upstream: FakeUpstream, running: Any, sdk: Sdk
+) -> None:
+    hint = f"{KEY[:3]}...{KEY[-4:]}"
+    named: Running = await running(metrics_labels=("key",), keys={hint: "ci-bot"})
+    upstream.completion = completion(model="metered", usage=USAGE)
+    await sdk(named.base_url, KEY, max_retries=0).chat.completions.create(
+        model="metered", messages=[]
+    )
+    samples = await scrape_until(named.console, "flightrec_records_written_total", 1)
+    (labels,) = series(samples, "flightrec_requests_total")
+    assert dict(labels)["key"] == "ci-bot"

@@ -41,6 +41,7 @@ TABLES = {
     "rollup_tags",
     "alert_state",
     "alert_events",
+    "facets",
 }
 
 

@@ -140,8 +140,11 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
         "price_entry": stored["price_entry"],
         "redacted": {"rules": ["email"], "dropped": ["logprobs"]},
         "session": "sess-42",
+        "turn_key": stored["turn_key"],
+        "parent_key": None,  # a first turn: no assistant message in the request
         "service_tier": None,
     }
+    assert stored["turn_key"].startswith("chat:")
     assert stored["price_entry"] == "genai-prices 0.2.3 openai/gpt-4o-mini standard"
     assert completion == {
         "exchange_id": ex.id,

@@ -1,0 +1,259 @@
+"""The overview's running sums (`tables.facets`), kept by the writer as it writes.
+
+Every exchange the writer inserts adds itself, in the same transaction, to one row per UTC
+hour and one per UTC day of each of its facets: `all`, its upstream, its model (the answering
+one, else the requested: what `cost --by model` groups on), each model it names (`model_any`:
+what the `model` filter matches), its key, its user and each of its tags. A row holds what
+the cost report sums (requests, tokens, cost in whole nano-dollars, priced and unpriced
+counts, computed here exactly as `report.py` computes them in SQL), errors (outcome not `ok`)
+and two latency histograms (duration, time to first token) on `tables.LATENCY_BOUNDS_MS`.
+
+Only exchanges actually inserted are added (the writers pass the batch's fresh rows), so a
+batch the journal replays adds nothing twice. Rows are upserted in key order: writers in
+several processes lock them in the same order and wait rather than deadlock.
+
+`add` is pure and also serves the reading side (`overview.py`), which sums the exchanges at
+the ragged edges of a time range the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from proxy.store import tables as t
+
+Facet = dict[str, Any]
+SUMS = t.FACET_SUMS
+SPANS = ("hour", "day")
+FREE_ENDPOINT = "/moderations"
+"""Names a model, succeeds and costs nothing: never unpriced (as `report.FREE_ENDPOINT`)."""
+TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+KEY = ("dim", "span", "start", "value")
+"""The primary key of `facets`, the order rows are upserted in."""
+_DURATION = SUMS.index("d0")
+_TTFT = SUMS.index("t0")
+
+
+def span_start(at: datetime, span: str) -> datetime:
+    """The UTC hour or day `at` falls in."""
+    at = at.astimezone(UTC)
+    if span == "hour":
+        return at.replace(minute=0, second=0, microsecond=0)
+    return at.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def cost_nano(cost: float | None) -> int:
+    """Whole nano-dollars as the report's SQL rounds them (`round(cost * 1e9)`, half away
+    from zero, on the same double)."""
+    if cost is None:
+        return 0
+    scaled = cost * 1e9
+    return math.floor(abs(scaled) + 0.5) * (1 if scaled >= 0 else -1)
+
+
+def is_unpriced(exchange: Mapping[str, Any], has_usage: bool) -> bool:
+    """`report.is_unpriced`, on one exchange's row."""
+    if exchange["cost_usd"] is not None:
+        return False
+    status = exchange["status"]
+    paid = (
+        exchange["model"] is not None
+        and status is not None
+        and status < 400
+        and not str(exchange["path"]).endswith(FREE_ENDPOINT)
+    )
+    return has_usage or exchange["usage_source"] == "missing" or paid
+
+
+def _bucket(ms: float | None) -> int | None:
+    if ms is None or not math.isfinite(ms):
+        return None
+    return bisect_right(t.LATENCY_BOUNDS_MS, ms)
+
+
+def vector(exchange: Mapping[str, Any], usage: Mapping[str, Any] | None) -> list[int]:
+    """What one exchange adds to each of its facet rows, in `SUMS` order."""
+    sums = [0] * len(SUMS)
+    sums[0] = 1
+    sums[1] = int(exchange["outcome"] != "ok")
+    if usage is not None:
+        for at, name in enumerate(TOKENS, start=2):
+            sums[at] = int(usage.get(name) or 0)
+    sums[6] = cost_nano(exchange["cost_usd"])
+    sums[7] = int(exchange["cost_usd"] is not None)
+    sums[8] = int(is_unpriced(exchange, usage is not None))
+    duration, ttft = _bucket(exchange["duration_ms"]), _bucket(exchange["ttft_ms"])
+    if duration is not None:
+        sums[_DURATION + duration] = 1
+    if ttft is not None:
+        sums[_TTFT + ttft] = 1
+    return sums
+
+
+def dimensions(
+    exchange: Mapping[str, Any], tags: Iterable[tuple[str, str]]
+) -> list[tuple[str, str, str | None]]:
+    """(dim, value, hint) of each facet the exchange counts in."""
+    model, answered = exchange["model"], exchange["response_model"]
+    found: list[tuple[str, str, str | None]] = [
+        ("all", "", None),
+        ("upstream", exchange["upstream"] or "", None),
+    ]
+    # The groups of `cost --by model`, `key` and `user`: SQL's coalesce and NULL, not truth.
+    if answered is not None or model is not None:
+        found.append(("model", answered if answered is not None else model, None))
+    found += [("model_any", name, None) for name in dict.fromkeys((model, answered)) if name]
+    if exchange["key_hash"] is not None:
+        found.append(("key", exchange["key_hash"], exchange["key_hint"]))
+    if exchange["end_user"] is not None:
+        found.append(("user", exchange["end_user"], None))
+    found += [("tag", f"{key}={value}", None) for key, value in tags]
+    return found
+
+
+FacetKey = tuple[str, str, datetime, str]
+
+
+def add(
+    into: dict[FacetKey, Facet],
+    exchange: Mapping[str, Any],
+    usage: Mapping[str, Any] | None,
+    tags: Iterable[tuple[str, str]],
+    spans: Sequence[str] = SPANS,
+) -> None:
+    """Add one exchange (an `exchanges` row, its `usage` row or None, its tags) to `into`."""
+    sums = vector(exchange, usage)
+    given = [(name, amount) for name, amount in zip(SUMS, sums, strict=True) if amount]
+    at = exchange["started_at"]
+    for span in spans:
+        start = span_start(at, span)
+        for dim, value, hint in dimensions(exchange, tags):
+            key = (dim, span, start, value)
+            row = into.get(key)
+            if row is None:
+                into[key] = {
+                    "dim": dim, "span": span, "start": start, "value": value, "hint": hint,
+                    **dict(zip(SUMS, sums, strict=True)),
+                }  # fmt: skip
+                continue
+            for name, amount in given:
+                row[name] += amount
+            if row["hint"] is None:
+                row["hint"] = hint
+
+
+def of_batch(fresh: Iterable[Any]) -> list[Facet]:
+    """The facet rows of the exchanges a writer inserts (`rows.Rows`), merged, in key order."""
+    into: dict[FacetKey, Facet] = {}
+    for rows in fresh:
+        usage = rows.usage[0] if rows.usage else None
+        tags = [(tag["key"], tag["value"]) for tag in rows.tags]
+        add(into, rows.exchange, usage, tags)
+    return [into[key] for key in sorted(into)]
+
+
+@cache
+def columns() -> tuple[str, ...]:
+    return tuple(str(column.name) for column in t.facets.columns)
+
+
+def upsert_sql(dialect: str) -> str:
+    """Insert a facet row or add it to the stored one (`$n` marks for asyncpg, `?` for
+    sqlite3); a key's first hint stays."""
+    names = columns()
+    if dialect == "postgresql":
+        marks = ", ".join(f"${i}" for i in range(1, len(names) + 1))
+        added = [f"{n} = facets.{n} + excluded.{n}" for n in SUMS]
+        hint = "hint = coalesce(facets.hint, excluded.hint)"
+    else:
+        marks = ", ".join("?" * len(names))
+        added = [f"{n} = {n} + excluded.{n}" for n in SUMS]
+        hint = "hint = coalesce(hint, excluded.hint)"
+    return (
+        f"INSERT INTO facets ({', '.join(names)}) VALUES ({marks}) "
+        f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {', '.join([*added, hint])}"
+    )
+
+
+def records(found: list[Facet], time: Any = None) -> list[tuple[Any, ...]]:
+    """Facet rows as the drivers take them; `time` converts `start` (SQLite's text)."""
+    names = columns()
+    out = []
+    for row in found:
+        values = [row[name] for name in names]
+        if time is not None:
+            values[2] = time(values[2])
+        out.append(tuple(values))
+    return out
+
+
+def percentile(counts: Sequence[int], q: float) -> float | None:
+    """The q-quantile (0-1) of a histogram on `LATENCY_BOUNDS_MS`, interpolated on a log scale
+    inside its bucket; None when empty."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    bounds = t.LATENCY_BOUNDS_MS
+    rank = q * total
+    seen = 0
+    for at, count in enumerate(counts):
+        if count and seen + count >= rank:
+            if at >= len(bounds):
+                return float(bounds[-1])
+            low = bounds[at - 1] if at else bounds[0] / 2
+            share = (rank - seen) / count
+            return float(low * (bounds[at] / low) ** share)
+        seen += count
+    return float(bounds[-1])
+
+
+_ROW = (
+    *("started_at", "upstream", "model", "response_model", "key_hash", "key_hint", "end_user"),
+    *("outcome", "status", "path", "usage_source", "cost_usd", "duration_ms", "ttft_ms"),
+)
+
+
+def exchanges_query() -> sa.Select[Any]:
+    """What `add` needs of stored exchanges (`usage_id` is null without a usage row), by id;
+    the caller adds its conditions."""
+    ex, usage = t.exchanges, t.usage
+    return (
+        sa.select(
+            ex.c.id,
+            *(ex.c[name] for name in _ROW),
+            usage.c.exchange_id.label("usage_id"),
+            *(usage.c[name] for name in TOKENS),
+        )
+        .select_from(ex.outerjoin(usage, usage.c.exchange_id == ex.c.id))
+        .order_by(ex.c.id)
+    )
+
+
+def tags_query(ids: Sequence[str]) -> sa.Select[Any]:
+    return sa.select(t.tags).where(t.tags.c.exchange_id.in_(ids))
+
+
+def add_rows(
+    into: dict[FacetKey, Facet],
+    found: Sequence[Any],
+    tags: Iterable[Any],
+    spans: Sequence[str] = SPANS,
+) -> None:
+    """Add rows of `exchanges_query` (their `tags_query` rows beside) to `into`."""
+    tagged: dict[str, list[tuple[str, str]]] = {}
+    for tag in tags:
+        tagged.setdefault(tag.exchange_id, []).append((tag.key, tag.value))
+    for row in found:
+        values = row._asdict()
+        at = values["started_at"]
+        if at.tzinfo is None:  # SQLite hands back naive UTC
+            values["started_at"] = at.replace(tzinfo=UTC)
+        usage = values if values["usage_id"] is not None else None
+        add(into, values, usage, tagged.get(values["id"], []), spans)

@@ -1,0 +1,118 @@
+"""Sessions without a header: which earlier exchange an exchange continues (SPEC section 8).
+
+Two keys per exchange, computed by the writer when it stores the exchange (never on the
+request path): `turn_key`, what a next turn would name, and `parent_key`, what this one names.
+
+- Chat Completions: a chat whose messages are an earlier exchange's messages plus its answer
+  (and then the new user or tool messages) continues it. `turn_key` hashes the request's
+  messages and the first choice's answer; `parent_key` hashes the request's messages up to and
+  including its last assistant message. Messages are compared by what a client sends back
+  (role, text, tool calls, tool call id, name), so an answer echoed without `refusal: null` or
+  `annotations` still matches. One hash each: the cost is a pass over the messages.
+- Responses API: `turn_key` is the response's id, `parent_key` the request's
+  `previous_response_id`.
+
+The writer (`link`) gives an exchange with a parent the parent's session, or the parent's id
+when the parent has none: a chain's session id is its first exchange's id. An exchange with
+its own session (the `X-Flightrec-Session` header, a WebSocket connection) keeps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+Row = dict[str, Any]
+
+
+def _text(value: Any) -> Any:
+    """A message's content as sent back: a string, or a list of parts as given."""
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" for p in value
+    ):
+        return "".join(str(p.get("text", "")) for p in value)
+    return value if value is not None else ""
+
+
+def _calls(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        return []
+    out = []
+    for call in value:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            out.append([call.get("id"), fn.get("name"), fn.get("arguments")])
+    return out
+
+
+def _message(value: Any) -> list[Any]:
+    if not isinstance(value, dict):
+        return [None]
+    return [
+        value.get("role"),
+        _text(value.get("content")),
+        _calls(value.get("tool_calls")),
+        value.get("tool_call_id") or "",
+        value.get("name") or "",
+    ]
+
+
+def _digest(messages: Iterable[Any]) -> str:
+    body = orjson.dumps([_message(m) for m in messages], option=orjson.OPT_NON_STR_KEYS)
+    return "chat:" + hashlib.sha256(body).hexdigest()[:32]
+
+
+def keys(request: Any, response: Any) -> tuple[str | None, str | None]:
+    """(turn_key, parent_key) of an exchange from its request and response JSON."""
+    if not isinstance(request, dict):
+        return None, None
+    messages = request.get("messages")
+    if isinstance(messages, list) and messages:
+        return _chat_keys(messages, response)
+    if "input" in request or "previous_response_id" in request:
+        previous = request.get("previous_response_id")
+        parent = f"resp:{previous}" if isinstance(previous, str) and previous else None
+        own = response.get("id") if isinstance(response, dict) else None
+        return (f"resp:{own}" if isinstance(own, str) and own else None), parent
+    return None, None
+
+
+def _chat_keys(messages: list[Any], response: Any) -> tuple[str | None, str | None]:
+    last = max(
+        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+        default=None,
+    )
+    parent = _digest(messages[: last + 1]) if last is not None else None
+    choices = response.get("choices") if isinstance(response, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    answer = first.get("message") if isinstance(first, dict) else None
+    turn = _digest([*messages, answer]) if isinstance(answer, dict) else None
+    return turn, parent
+
+
+def wanted(fresh: Iterable[Any]) -> list[str]:
+    """The parent keys the batch's exchanges without a session look for."""
+    return sorted(
+        {
+            rows.exchange["parent_key"]
+            for rows in fresh
+            if rows.exchange["parent_key"] and not rows.exchange["session"]
+        }
+    )
+
+
+def link(fresh: list[Any], stored: Mapping[str, tuple[str, str | None]]) -> None:
+    """Give each exchange of the batch (oldest first) its parent's session; `stored` maps
+    turn keys already in the database to (id, session) of their newest exchange."""
+    known = dict(stored)
+    for rows in sorted(fresh, key=lambda r: r.exchange["started_at"]):
+        row: Row = rows.exchange
+        parent = row["parent_key"]
+        if not row["session"] and parent and parent in known:
+            parent_id, parent_session = known[parent]
+            row["session"] = parent_session or parent_id
+        if row["turn_key"]:
+            known[row["turn_key"]] = (row["id"], row["session"])
