@@ -33,11 +33,13 @@ import asyncpg  # type: ignore[import-untyped]
 import orjson
 from sqlalchemy.engine import make_url
 
-from proxy.pricing import cost_for, shipped_prices
+from proxy.pricing import Prices
 from proxy.store import create_engine, upgrade
 from proxy.store.filters import Filters
 from proxy.store.read import parse_since
-from proxy.store.report import cost_report, reprice, total
+from proxy.store.report import cost_report, total
+from proxy.store.reprice import reprice
+from proxy.usage import decode_usage
 
 GOAL_S = 3.0
 CHUNK = 50_000
@@ -79,10 +81,13 @@ def usages(rng: random.Random, count: int = 1000) -> list[dict[str, Any]]:
     return pool
 
 
+PRICES = Prices()
+
+
 @cache
 def priced(model_index: int, usage_index: int) -> tuple[float | None, str | None]:
-    model = MODELS[model_index]
-    return cost_for(shipped_prices(), model, model, USAGES[usage_index])
+    found = PRICES.price(decode_usage(USAGES[usage_index]), MODELS[model_index])
+    return (None, None) if found is None else (found.cost_usd, found.source)
 
 
 USAGES = usages(random.Random(1))
@@ -220,9 +225,9 @@ async def time_reports(name: str, url: str, rows: int, with_reprice: bool) -> li
         print(f"{name:<10} every grouping: {requests:,} requests, ${cost}, {unpriced:,} unpriced")
         if with_reprice:
             begin = time.perf_counter()
-            done = await reprice(engine, shipped_prices())
+            done = await reprice(engine, PRICES)
             took = time.perf_counter() - begin
-            print(f"{name:<10} cost --reprice: {done.seen:,} exchanges in {took:.1f} s")
+            print(f"{name:<10} cost --reprice: {done.total().seen:,} exchanges in {took:.1f} s")
     finally:
         await engine.dispose()
     return seconds

@@ -19,6 +19,7 @@ from proxy.config_values import ConfigError as ConfigError  # the error every co
 from proxy.config_values import Frozen as Frozen
 from proxy.config_values import Key
 from proxy.keynames import table
+from proxy.pricing import CONFIG_FIELDS, UPDATE_URL, Prices, upstream_providers
 from proxy.privacy.redact import RedactRule, parse_rules
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///flightrec.db"
@@ -32,6 +33,8 @@ class Upstream:
     prefix: str
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the key `replay` sends (keys are never stored)."""
+    provider: str | None = None
+    """The genai-prices provider whose prices apply (`none`: none); None: by `base_url`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,10 @@ class Config:
     retention_bodies_days: int = 0
     """Drop bodies (choices, logprobs, raw streams) older than N days; 0: with their exchange."""
     prices: Mapping[str, Mapping[str, Any]] = field(default_factory=Frozen)
-    """`[prices."<model>"]` as written (USD per 1M tokens), read-only, over the shipped table."""
+    """`[prices."<model>"]` as written (USD per 1M tokens), read-only; win over genai-prices."""
+    price_update: bool = False
+    """Refresh genai-prices' data in the background (no outbound call for prices when off)."""
+    price_update_url: str = UPDATE_URL
     alerts: tuple[AlertRule, ...] = ()
     budgets: tuple[Budget, ...] = ()
     alerts_interval: float = 30.0
@@ -138,15 +144,17 @@ KEYS: dict[str, Key] = {
     "store_bodies": Key(v.choice("full", "metadata"), "full: bodies; metadata: usage, cost, times"),
     "retention_days": Key(v.integer, "prune exchanges older than N days, keeping cost (0: never)"),
     "retention_bodies_days": Key(v.integer, "drop bodies older than N days (0: with the exchange)"),
+    "price_update": Key(v.boolean, "refresh genai-prices' price data in the background"),
+    "price_update_url": Key(v.http_url, "where price_update fetches genai-prices' data"),
     "alerts_interval": Key(v.seconds, "seconds between two evaluations of alerts and budgets"),
 }
 FLAGS = {"db_url": "--db"}
 """Flags not named after their key (the rest are `--<key>`): an error names the flag typed. A
 command whose flags differ (the console's `--host` sets `console_host`) passes its own."""
-UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env")
+UPSTREAM_KEYS = ("name", "base_url", "prefix", "api_key_env", "provider")
 REDACT_KEYS = ("name", "preset", "pattern", "replace")
 """Fields of a `[[redact]]` table (`proxy.privacy.redact.parse_rules` checks them)."""
-PRICE_KEYS = ("input", "cached_input", "output", "audio_input", "audio_output", "note")
+PRICE_KEYS = (*CONFIG_FIELDS, "note")
 """Fields of a `[prices."<model>"]` table (`proxy.pricing` checks them)."""
 ENV_PREFIX = "FLIGHTREC_"
 TABLES = ("upstreams", "prices", "redact", "alerts", "budgets", "keys")  # tables: not `KEYS`
@@ -176,7 +184,8 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
         if not prefix.startswith("/"):
             raise ConfigError(f"{where}.prefix: must start with /, got {prefix!r}")
         api_key_env = v.text(f"{where}.api_key_env", entry.get("api_key_env", "OPENAI_API_KEY"))
-        upstreams.append(Upstream(name, base_url, prefix.rstrip("/") or "/", api_key_env))
+        provider = v.optional(v.text)(f"{where}.provider", entry.get("provider", ""))
+        upstreams.append(Upstream(name, base_url, prefix.rstrip("/") or "/", api_key_env, provider))
     for key, label in (("name", "names"), ("prefix", "prefixes")):
         values = [getattr(u, key) for u in upstreams]
         if len(set(values)) != len(values):
@@ -185,24 +194,23 @@ def _parse_upstreams(raw: Any) -> tuple[Upstream, ...]:
 
 
 def _parse_prices(raw: Any) -> Mapping[str, Mapping[str, Any]]:
-    """The `[prices.*]` tables, checked now by building the price table they make."""
-    from proxy.pricing import PriceTable  # the shipped table is read only when prices are given
-
     if not isinstance(raw, dict):
         raise ConfigError('prices: expected tables of prices ([prices."<model>"])')
-    try:
-        PriceTable.load(raw)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     return Frozen({model: Frozen(fields) for model, fields in raw.items()})
 
 
 def _check_retention(config: Config) -> None:
+    """What no one key can check: retention's two keys, prices and upstreams' providers
+    (checked by building the prices they make)."""
     days, bodies = config.retention_days, config.retention_bodies_days
     if days and bodies > days:
         raise ConfigError(
             f"retention_bodies_days: must not exceed retention_days ({days}), got {bodies}"
         )
+    try:
+        Prices(config.prices, upstream_providers(config.upstreams))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load(

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from proxy.usage import Usage
+
 Outcome = Literal[
     "ok",
     "upstream_error",
@@ -151,6 +153,17 @@ class Exchange:
     """Set when `[[redact]]` rules matched (`keep.py`): `{"rules": [names], "dropped":
     ["raw_stream", "logprobs"]}`, what was not kept because a match could not be redacted
     in it faithfully."""
+    tokens: Usage | None = None
+    """The usage decoded once, when the exchange completed (`proxy.usage`); what rows,
+    metrics, traces and the console read. None: no usage, or one of no known shape."""
+    service_tier: str | None = None
+    """The `service_tier` the response reports (`default`, `flex`, `priority`, ...)."""
+    batch: bool = False
+    """A Batch API result: priced at batch rates."""
+    cost_usd: float | None = None
+    """Priced once, when the exchange completed; None: unpriced (never a silent 0)."""
+    price_entry: str | None = None
+    """Where `cost_usd`'s price came from, e.g. `genai-prices 0.2.3 openai/gpt-5 flex`."""
     batch_line: dict[str, Any] | None = None
     """Set on an exchange made from a Batch API result line (`stream/batchfile.py`):
     `{"line_id", "file_id", "custom_id", "booked_at"}`, the key the writer books it by, once
@@ -169,6 +182,12 @@ class Exchange:
                 self.outcome, self.error = "ok", None
         elif _RANK[outcome] <= _RANK[current]:
             self.outcome, self.error = outcome, error
+
+    @property
+    def model_name(self) -> str | None:
+        """The one name every output gives the exchange's model: the answering model, else
+        the requested one."""
+        return self.response_model or self.model
 
     @classmethod
     def start(

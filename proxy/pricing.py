@@ -1,379 +1,351 @@
-"""What an exchange cost: the dated price table, usage normalised across endpoints, the sum.
+"""What an exchange cost, and where the price came from.
 
-`proxy/prices.toml` ships with the package (USD per 1M tokens, each entry dated and sourced);
-config `[prices."<model>"]` tables override or add entries. The recorder asks
-`PriceTable.cost(model, usage)` once per exchange and stores both the cost and the entry
-that produced it; `flightrec cost --reprice` asks again with today's table. An unknown model
-or missing usage gets no cost at all (None), never a silent 0, so reports can count it as
-unpriced.
+Prices come from pydantic's genai-prices package (its data snapshot, pinned by the package
+version): the provider is the upstream's `provider` setting, else the one whose API URL
+pattern matches the upstream's `base_url`, else the one genai-prices picks by the model
+name. The model is the one that answered, else the one requested. The price is the one in
+force on the exchange's start date, for the `service_tier` the response reports (`flex`,
+`priority`, ...) and batch processing, and the long-context tier the prompt's length
+reaches. Config `[prices."<model>"]` entries win over genai-prices for the models they name.
 
-Pure: no I/O besides reading the shipped table once, at first use.
+A lookup goes through genai-prices once per (upstream, model) and once per (price, tier,
+day); the result is compiled (`proxy.rates`) and kept, so pricing an exchange is a couple of
+dictionary reads and a few integer products. Data fetched in the background
+(`PriceUpdates`) replaces the snapshot; the kept lookups start over when it does.
 
-Decisions the contract leaves open:
+Every priced exchange says where its price came from (`Priced.source`), e.g.
+`genai-prices 0.2.3 openai/gpt-5.5 flex` or `config gpt-foo`. An unknown model, or usage
+with no shape we know, gets no price at all (None), never a silent 0.
 
-- A model matches its entry exactly, else the longest key that the model name continues with
-  "-", ":" or "@" ("gpt-4o-mini" prices "gpt-4o-mini-2024-07-18"). A bare prefix is not
-  enough, because "gpt-5" would then price "gpt-5.2" and "gpt-4" would price "gpt-4.5-preview"
-  at another model's rates; such names stay unpriced until the table or config has them.
-- A config entry for a model the shipped table has (same key) overrides only the fields it
-  gives; for any other model it is a new entry and must give `input` and `output`.
-- Usage that reports more cached (or audio, or reasoning) tokens than the total they are part
-  of is clamped to that total: the cost then never exceeds what the reported totals allow.
-- Audio tokens are priced at the entry's audio rates and taken out of the text counts only
-  when the entry has those rates; cached tokens are always billed as cached text.
-- Each product is an integer times the decimal price as written, summed exactly and divided
-  once, so a cost is the correctly rounded float of the exact amount.
+Pure but for `PriceUpdates`, which makes outbound calls only when started.
 """
 
 from __future__ import annotations
 
 import math
-import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import date
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from decimal import Decimal
-from functools import cache
-from importlib import resources
-from types import MappingProxyType
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple, Protocol
 
-_RATES = ("input", "cached_input", "output", "audio_input", "audio_output")
-_TABLE_FIELDS = frozenset({*_RATES, "source", "date", "note"})
-_CONFIG_FIELDS = frozenset({*_RATES, "note"})
-# What may follow a key in a model name for the key to price it: OpenAI dates its snapshots
-# with "-", other servers tag models with ":" (llama3:8b) or "@" (model@2024-05-13).
+import genai_prices
+from genai_prices import UpdatePrices, data_snapshot
+from genai_prices.types import ModelInfo, Provider, TimeOfDateConstraint
+from genai_prices.update_prices import DEFAULT_UPDATE_URL as _DEFAULT_UPDATE_URL
+
+from proxy.rates import Rates, compile_rates, model_price_fields
+from proxy.usage import Usage
+
+SOURCE = f"genai-prices {genai_prices.__version__}"
+UPDATE_URL: str = _DEFAULT_UPDATE_URL
+"""Where `price_update` fetches genai-prices' data by default: the file the package publishes."""
+CONFIG_FIELDS = {
+    "input": "input_mtok",
+    "cached_input": "cache_read_mtok",
+    "cache_write": "cache_write_mtok",
+    "output": "output_mtok",
+    "audio_input": "input_audio_mtok",
+    "audio_output": "output_audio_mtok",
+}
+"""`[prices."<model>"]` fields (USD per 1M tokens) and the genai-prices price each sets."""
+NO_PROVIDER = "none"
+"""An upstream's `provider` that turns genai-prices off for it (config entries still apply)."""
+# What may follow a config key in a model name for the key to price it: OpenAI dates its
+# snapshots with "-", other servers tag models with ":" (llama3:8b) or "@" (model@2024-05-13).
 _BOUNDARY = ("-", ":", "@")
-_LOOKUPS_KEPT = 4096
-"""Distinct model names a price table remembers its lookups for before starting over."""
+_KEPT = 4096
+"""Distinct lookups remembered before starting over: model names come from clients."""
+_DAY = 86_400
 
 
-@dataclass(frozen=True, slots=True)
-class Price:
-    """One entry of the table, in USD per 1M tokens."""
+class Priced(NamedTuple):
+    """One exchange's price."""
 
-    key: str
-    """The table key that matched, e.g. "gpt-4o-mini" for "gpt-4o-mini-2024-07-18"."""
-    input: float
-    """Uncached prompt tokens."""
-    cached_input: float | None
-    """Cached prompt tokens; None when none is published (they are then billed at `input`)."""
-    output: float
-    """Completion tokens, reasoning tokens included."""
-    audio_input: float | None = None
-    audio_output: float | None = None
-    source: str = ""
-    """Where the entry came from: "table:<date read>", "config", or "table:<date>+config"."""
-    exact: ExactRates = field(init=False, repr=False, compare=False)
-    """The rates as written, as integers (`cost_of` sums in them)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "exact", ExactRates.of(self))
+    cost_usd: float
+    """The float nearest the exact amount."""
+    source: str
+    """Where the price came from: `genai-prices <version> <provider>/<model> <variant>`
+    (with `>N` when a long-context rate for prompts over N tokens applied), or
+    `config <key>`."""
 
 
-class ExactRates(NamedTuple):
-    """A price's rates exactly as written in the table, as integers at one decimal place:
-    rate == value / 10**places. `cost_of` sums in integers and divides once."""
-
-    input: int
-    cached_input: int
-    """The input rate when no cached rate is published."""
-    output: int
-    audio_input: int
-    audio_output: int
-    divisor: int
-    """10**(places + 6): the places, and the rates being per 1M tokens."""
-
-    @classmethod
-    def of(cls, price: Price) -> ExactRates:
-        cached = price.input if price.cached_input is None else price.cached_input
-        rates = (price.input, cached, price.output, price.audio_input, price.audio_output)
-        written = [_written(rate or 0.0) for rate in rates]
-        places = max(p for _, p in written)
-        at_input, at_cached, at_output, at_audio_in, at_audio_out = [
-            digits * 10 ** (places - p) for digits, p in written
-        ]
-        return cls(at_input, at_cached, at_output, at_audio_in, at_audio_out, 10 ** (places + 6))
+class _Match(NamedTuple):
+    provider: Provider
+    model: ModelInfo
+    name: str
+    """`provider/model`, as genai-prices names them."""
+    timed: bool
+    """Some price of it holds only at certain times of day: rates are kept per minute."""
 
 
-class Tokens(NamedTuple):
-    """Usage normalised across endpoints; every detail count is at most the total it is in.
-
-    A named tuple, not a frozen dataclass: the recorder makes one per exchange, and a named
-    tuple is the cheapest immutable record to build (docs/performance.md)."""
-
-    prompt: int
-    """All prompt (input) tokens, cached and audio included."""
-    cached: int
-    completion: int
-    """All completion (output) tokens, reasoning and audio included."""
-    reasoning: int
-    audio_prompt: int
-    audio_completion: int
+class _Compiled(NamedTuple):
+    rates: Rates
+    source: str
 
 
-def _count(value: Any) -> int | None:
-    """A token count as sent, or None unless it is a non-negative whole number."""
-    if type(value) is int:  # nearly always
-        return value if value >= 0 else None
-    if isinstance(value, bool):  # bool is an int subclass; True is no count
-        return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and value >= 0:
-        return int(value)
-    return None
-
-
-def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
-    # `isinstance(x, Mapping)` goes through the ABC machinery; JSON gives plain dicts.
-    return type(value) is dict or (value is not None and isinstance(value, Mapping))
-
-
-def _detail(usage: Mapping[str, Any], tables: tuple[str, ...], name: str) -> int:
-    for table in tables:
-        details = usage.get(table)
-        if _is_mapping(details):
-            found = _count(details.get(name))
-            if found is not None:
-                return found
-    return 0
-
-
-def normalize_usage(usage: Mapping[str, Any] | None) -> Tokens | None:
-    """Tokens from a usage object of chat/completions, embeddings, or the Responses API.
-
-    None when there is no usage or its shape is unknown; never raises on garbage.
-    """
-    if not _is_mapping(usage):
-        return None
-    prompt = _count(usage.get("prompt_tokens"))
-    if prompt is not None:  # chat/completions, legacy completions, embeddings
-        completion = _count(usage.get("completion_tokens")) or 0
-        # Each details table read once, the tuple built by position: the recorder prices
-        # every exchange, so this lookup is on every record's path.
-        cached = audio_prompt = reasoning = audio_completion = 0
-        inputs = usage.get("prompt_tokens_details")
-        if _is_mapping(inputs):
-            cached = min(_count(inputs.get("cached_tokens")) or 0, prompt)
-            audio_prompt = min(_count(inputs.get("audio_tokens")) or 0, prompt)
-        outputs = usage.get("completion_tokens_details")
-        if _is_mapping(outputs):
-            reasoning = min(_count(outputs.get("reasoning_tokens")) or 0, completion)
-            audio_completion = min(_count(outputs.get("audio_tokens")) or 0, completion)
-        return Tokens(prompt, cached, completion, reasoning, audio_prompt, audio_completion)
-    # Responses API; the Realtime and transcription shapes say "token_details"
-    prompt = _count(usage.get("input_tokens"))
-    if prompt is None:
-        return None
-    completion = _count(usage.get("output_tokens")) or 0
-    ins = ("input_tokens_details", "input_token_details")
-    outs = ("output_tokens_details", "output_token_details")
-    return Tokens(
-        prompt=prompt,
-        cached=min(_detail(usage, ins, "cached_tokens"), prompt),
-        completion=completion,
-        reasoning=min(_detail(usage, outs, "reasoning_tokens"), completion),
-        audio_prompt=min(_detail(usage, ins, "audio_tokens"), prompt),
-        audio_completion=min(_detail(usage, outs, "audio_tokens"), completion),
-    )
-
-
-def _written(rate: float) -> tuple[int, int]:
-    """(digits, places) with rate == digits / 10**places: the price as written in the table.
-    repr is the shortest string that reads back as the same float ("0.075" gives (75, 3)),
-    whereas the float itself carries a binary approximation."""
-    written = Decimal(repr(rate))
-    places = max(0, -int(written.as_tuple().exponent))
-    return int(written.scaleb(places)), places
-
-
-def cost_of(price: Price, tokens: Tokens) -> float:
-    """USD for `tokens` at `price`, exact up to one final rounding to float.
-
-    Summed in integers (`ExactRates`) and divided once: Python's int division rounds
-    correctly, so this is the float nearest the exact amount, as the `Decimal` sum it
-    replaces was, in a third of the time."""
-    cached = min(tokens.cached, tokens.prompt)
-    audio_in = 0
-    if price.audio_input is not None:
-        audio_in = min(tokens.audio_prompt, tokens.prompt - cached)
-    audio_out = 0
-    if price.audio_output is not None:
-        audio_out = min(tokens.audio_completion, tokens.completion)
-    rates = price.exact
-    total = (tokens.prompt - cached - audio_in) * rates.input + (
-        tokens.completion - audio_out
-    ) * rates.output
-    # Terms for tokens that are not there are skipped: most exchanges have none of them.
-    if cached:
-        total += cached * rates.cached_input
-    if audio_in:
-        total += audio_in * rates.audio_input
-    if audio_out:
-        total += audio_out * rates.audio_output
-    return total / rates.divisor
-
-
-def _rate(where: str, value: Any) -> float:
+def _rate(where: str, value: Any) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{where}: expected a price in USD per 1M tokens, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{where}: expected a non-negative price, got {value!r}")
-    return float(value)
+    # repr is the shortest text that reads back as the same float: the price as written.
+    return Decimal(repr(value))
 
 
-def _entry(
-    where: str, key: str, fields: Any, allowed: frozenset[str], base: Price | None, source: str
-) -> Price:
-    """One entry from a TOML table; `base` supplies the fields it leaves out."""
+def config_rates(model: str, fields: Any) -> Rates:
+    """The rates of one `[prices."<model>"]` table; ValueError naming the field otherwise.
+
+    `input` and `output` are required; cached tokens cost `input` and audio tokens their
+    text rate unless the table gives their own rates."""
+    where = f"prices.{model}"
     if not isinstance(fields, Mapping):
         raise ValueError(f"{where}: expected a table of prices, got {fields!r}")
+    known = sorted([*CONFIG_FIELDS, "note"])
     for name in fields:
-        if name not in allowed:
-            raise ValueError(f"{where}.{name}: unknown field (known: {', '.join(sorted(allowed))})")
-    rates: dict[str, float | None] = {
-        name: _rate(f"{where}.{name}", fields[name])
+        if name not in known:
+            raise ValueError(f"{where}.{name}: unknown field (known: {', '.join(known)})")
+    prices = {
+        key: _rate(f"{where}.{name}", fields[name])
+        for name, key in CONFIG_FIELDS.items()
         if name in fields
-        else (None if base is None else getattr(base, name))
-        for name in _RATES
     }
-    input_rate, output_rate = rates["input"], rates["output"]
-    if input_rate is None:
-        raise ValueError(f"{where}.input: required for a model the shipped table does not have")
-    if output_rate is None:
-        raise ValueError(f"{where}.output: required for a model the shipped table does not have")
-    return Price(
-        key=key,
-        input=input_rate,
-        cached_input=rates["cached_input"],
-        output=output_rate,
-        audio_input=rates["audio_input"],
-        audio_output=rates["audio_output"],
-        source=source,
-    )
+    for name in ("input", "output"):
+        if name not in fields:
+            raise ValueError(f"{where}.{name}: required (USD per 1M tokens)")
+    return compile_rates(prices)
 
 
-def _iso(where: str, value: Any) -> str:
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, str):
-        try:
-            return date.fromisoformat(value).isoformat()
-        except ValueError:
-            pass
-    raise ValueError(f"{where}: expected an ISO date, got {value!r}")
+class _Upstream(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def provider(self) -> str | None: ...
 
 
-@cache
-def _shipped() -> tuple[Mapping[str, Price], str]:
-    """The packaged table, parsed once; read through importlib so it works from a wheel."""
-    text = resources.files("proxy").joinpath("prices.toml").read_text(encoding="utf-8")
-    raw = tomllib.loads(text)
-    compiled = _iso("prices.toml: meta.compiled", raw.get("meta", {}).get("compiled"))
-    entries: dict[str, Price] = {}
-    for key, fields in raw.get("models", {}).items():
-        where = f"prices.toml: models.{key}"
-        if not isinstance(fields, Mapping) or not fields.get("source"):
-            raise ValueError(f"{where}.source: every shipped entry names its source")
-        read = _iso(f"{where}.date", fields.get("date"))
-        entries[key] = _entry(where, key, fields, _TABLE_FIELDS, None, f"table:{read}")
-    return MappingProxyType(entries), compiled
+def upstream_providers(upstreams: Iterable[_Upstream]) -> dict[str, str]:
+    """Upstream name to its `provider` setting, for the upstreams that have one."""
+    return {u.name: u.provider for u in upstreams if u.provider}
 
 
-class PriceTable:
-    """The shipped table plus config entries, and the lookup and cost built on them."""
+def warm() -> None:
+    """Load genai-prices' data now (a large module) rather than on the first exchange."""
+    data_snapshot.get_snapshot()
 
-    __slots__ = ("_entries", "_found", "_lengths", "compiled")
 
-    def __init__(self, entries: Mapping[str, Price], compiled: str) -> None:
-        self._entries = dict(entries)
-        self._lengths = sorted({len(key) for key in self._entries}, reverse=True)
-        self._found: dict[str, Price | None] = {}
-        """Lookups made, by model name: a recorder asks about the same few models all day."""
-        self.compiled = compiled
-        """The date the shipped table was compiled (ISO)."""
+def provider_names() -> list[str]:
+    """Every provider id genai-prices knows (what an upstream's `provider` may say)."""
+    return sorted(p.id for p in data_snapshot.get_snapshot().providers)
 
-    @classmethod
-    def load(cls, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> PriceTable:
-        """The shipped table with config entries applied (see the module docstring).
 
-        Raises ValueError naming `prices.<model>.<field>` for a bad config value.
-        """
-        shipped, compiled = _shipped()
-        entries = dict(shipped)
+def _timed(model: ModelInfo) -> bool:
+    prices = model.prices if isinstance(model.prices, list) else []
+    constraints = [p.constraint for p in prices] + [
+        v.constraint for v in model.price_variants or ()
+    ]
+    return any(isinstance(c, TimeOfDateConstraint) for c in constraints)
+
+
+def _variant(model: ModelInfo, at: datetime, context: Mapping[str, str]) -> str:
+    """The names of the variants that changed a price, e.g. "flex"; "standard" if none."""
+    applied = [
+        value
+        for v in model.price_variants or ()
+        if v.when.items() <= context.items()
+        and (v.constraint is None or v.constraint.active(at))
+        and any(p is not None for p in model_price_fields(v.prices).values())
+        for value in v.when.values()
+    ]
+    return " ".join(dict.fromkeys(applied)) or "standard"
+
+
+class Prices:
+    """genai-prices' data and config entries, with the lookups made so far."""
+
+    __slots__ = ("_config", "_found", "_lengths", "_live", "_providers", "_rates", "_snapshot")
+
+    def __init__(
+        self,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        providers: Mapping[str, str] | None = None,
+        *,
+        live: bool = False,
+    ) -> None:
+        """`overrides`: `[prices."<model>"]` tables; `providers`: upstream name to the
+        provider its `provider` setting names; `live`: the data may be replaced while it runs
+        (`PriceUpdates`), so look for that on every exchange. ValueError for a bad table or
+        provider."""
+        self._config: dict[str, Rates] = {}
         for model, fields in (overrides or {}).items():
             if not isinstance(model, str) or not model:
                 raise ValueError(f"prices: expected model names, got {model!r}")
-            base = shipped.get(model)
-            source = "config" if base is None else f"{base.source}+config"
-            entries[model] = _entry(f"prices.{model}", model, fields, _CONFIG_FIELDS, base, source)
-        return cls(entries, compiled)
+            self._config[model] = config_rates(model, fields)
+        self._lengths = sorted({len(key) for key in self._config}, reverse=True)
+        known = {*provider_names(), NO_PROVIDER} if providers else set()
+        for upstream, provider in (providers or {}).items():
+            if provider not in known:
+                raise ValueError(
+                    f"upstreams.{upstream}.provider: unknown provider {provider!r} "
+                    f"(known: {', '.join(sorted(known))})"
+                )
+        self._providers = dict(providers or {})
+        self._live = live
+        self._snapshot = data_snapshot.get_snapshot() if live else None
+        self._found: dict[tuple[str, str], _Match | Rates | None] = {}
+        self._rates: dict[tuple[Any, ...], _Compiled | None] = {}
 
-    @property
-    def entries(self) -> Mapping[str, Price]:
-        """Every entry by key, read-only."""
-        return MappingProxyType(self._entries)
+    def price(
+        self,
+        usage: Usage | None,
+        model: str | None,
+        *,
+        upstream: str = "",
+        base_url: str = "",
+        service_tier: str | None = None,
+        started_at: float | None = None,
+        batch: bool = False,
+    ) -> Priced | None:
+        """The price of one exchange; None for an unknown model or no usage.
 
-    def lookup(self, model: str | None) -> Price | None:
-        """The entry for `model`: exact, else the longest key it continues (case-sensitive)."""
-        if not isinstance(model, str) or not model:
+        `model`: the answering model, else the requested one; `upstream`, `base_url`: the
+        upstream's name and URL (which provider's prices apply); `service_tier`: as the
+        response reports it; `started_at`: epoch seconds (which dated price applies);
+        `batch`: a Batch API result."""
+        if usage is None or not model or type(model) is not str:
             return None
-        try:
-            return self._found[model]
-        except KeyError:
-            pass
-        if len(self._found) >= _LOOKUPS_KEPT:
+        if self._live and data_snapshot.get_snapshot() is not self._snapshot:
+            self._snapshot = data_snapshot.get_snapshot()
             self._found.clear()
-        found = self._found[model] = self._search(model)
-        return found
+            self._rates.clear()
+        # An upstream's name stands for its URL: its paths need no lookup each.
+        key = (upstream or base_url, model)
+        try:
+            found = self._found[key]
+        except KeyError:
+            if len(self._found) >= _KEPT:
+                self._found.clear()
+            found = self._found[key] = self._search(upstream, base_url, model)
+        if found is None:
+            return None
+        if type(found) is Rates:
+            cost = found.cost(usage)
+            return None if cost is None else Priced(cost, f"config {self._config_key(model)}")
+        assert type(found) is _Match
+        at = started_at if started_at is not None else datetime.now(UTC).timestamp()
+        slot = int(at // 60) if found.timed else int(at // _DAY)
+        ready = (found.name, service_tier, batch, slot)
+        try:
+            compiled = self._rates[ready]
+        except KeyError:
+            if len(self._rates) >= _KEPT:
+                self._rates.clear()
+            compiled = self._rates[ready] = _compile(found, at, service_tier, batch)
+        if compiled is None:
+            return None
+        rates = compiled.rates
+        cost = rates.cost(usage)
+        if cost is None:
+            return None
+        if len(rates.bands) == 1:
+            return Priced(cost, compiled.source)
+        return Priced(cost, _long(compiled, usage))
 
-    def _search(self, model: str) -> Price | None:
-        exact = self._entries.get(model)
-        if exact is not None:
-            return exact
+    def _search(self, upstream: str, base_url: str, model: str) -> _Match | Rates | None:
+        if (key := self._config_key(model)) is not None:
+            return self._config[key]
+        provider = self._providers.get(upstream)
+        if provider == NO_PROVIDER:
+            return None
+        snapshot = data_snapshot.get_snapshot()
+        try:
+            if provider is None:
+                found = _guess(snapshot, base_url, model)
+            else:
+                found = snapshot.find_provider_model(model, None, provider, None)
+        except LookupError:
+            return None
+        provider_found, model_found = found
+        name = f"{provider_found.id}/{model_found.id}"
+        return _Match(provider_found, model_found, name, _timed(model_found))
+
+    def _config_key(self, model: str) -> str | None:
+        """The config entry for `model`: exact, else the longest key it continues."""
+        if model in self._config:
+            return model
         for length in self._lengths:
             # A key that itself ends in a separator ("ft:") matches whatever follows it.
-            if length < len(model) and (
-                model[length] in _BOUNDARY or model[length - 1] in _BOUNDARY
+            if (
+                length < len(model)
+                and (model[length] in _BOUNDARY or model[length - 1] in _BOUNDARY)
+                and model[:length] in self._config
             ):
-                found = self._entries.get(model[:length])
-                if found is not None:
-                    return found
+                return model[:length]
         return None
 
-    def cost(
-        self, model: str | None, usage: Mapping[str, Any] | None
-    ) -> tuple[float | None, Price | None]:
-        """(USD, entry) for one exchange; (None, None) for an unknown model or missing usage."""
-        price = self.lookup(model)
-        tokens = normalize_usage(usage)
-        if price is None or tokens is None:
-            return None, None
-        return cost_of(price, tokens), price
+
+def _guess(snapshot: Any, base_url: str, model: str) -> tuple[Provider, ModelInfo]:
+    """The provider whose URL pattern matches the upstream's; for a URL no provider claims
+    (a gateway, a local server), genai-prices' guess from the model name, else OpenAI's
+    prices: flightrec fronts OpenAI-compatible APIs. LookupError when none knows the model."""
+    try:
+        provider = snapshot.find_provider(None, None, base_url) if base_url else None
+    except LookupError:
+        provider = None
+    if provider is not None:
+        return snapshot.find_provider_model(model, provider, None, None)  # type: ignore[no-any-return]
+    try:
+        return snapshot.find_provider_model(model, None, None, None)  # type: ignore[no-any-return]
+    except LookupError:
+        return snapshot.find_provider_model(model, None, "openai", None)  # type: ignore[no-any-return]
 
 
-@cache
-def shipped_prices() -> PriceTable:
-    """The price table as shipped, for callers that have no config."""
-    return PriceTable.load()
+def _compile(found: _Match, at: float, service_tier: str | None, batch: bool) -> _Compiled | None:
+    when = datetime.fromtimestamp(at, UTC)
+    context: dict[str, str] = {}
+    if isinstance(service_tier, str) and service_tier:
+        context["service_tier"] = service_tier
+    if batch:
+        context["processing"] = "batch"
+    model = found.model
+    # A model found through another provider's fallback list has that provider's variants.
+    own = any(model is m for m in found.provider.models)
+    resolved = model.get_prices(when, context if own else None)
+    variant = _variant(model, when, context) if own else "standard"
+    source = f"{_version()} {found.name} {variant}"
+    try:
+        return _Compiled(compile_rates(model_price_fields(resolved)), source)
+    except (ValueError, KeyError):  # a price genai-prices itself would refuse
+        return None
 
 
-def price_entry(price: Price) -> str:
-    """What `exchanges.price_entry` holds: the key and where its rates came from."""
-    return f"{price.key} ({price.source})"
+def _long(compiled: _Compiled, usage: Usage) -> str:
+    """The source, saying which long-context threshold the prompt passed, if any."""
+    for band in compiled.rates.bands:
+        if usage.input > band.above >= 0:
+            return f"{compiled.source} >{band.above}"
+    return compiled.source
 
 
-def cost_for(
-    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
-) -> tuple[float | None, str | None]:
-    """(`cost_usd`, `price_entry`) of one exchange; (None, None) when it cannot be priced.
+def _version() -> str:
+    """genai-prices' version, and when its data came from a background fetch, that time."""
+    snapshot = data_snapshot.get_snapshot()
+    if snapshot.from_auto_update:
+        return f"{SOURCE} data {snapshot.timestamp.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+    return SOURCE
 
-    The model that answered (`response_model`) is priced; the requested one only when the
-    response names none. A response model the table does not know stays unpriced rather than
-    being billed at the rates of the model that was asked for.
-    """
-    cost, price = prices.cost(response_model or model, usage)
-    if cost is None or price is None:
-        return None, None
-    return cost, price_entry(price)
+
+class PriceUpdates:
+    """`price_update = true`: genai-prices' own background refresh of its data, in a thread
+    it runs, every `interval` seconds from `url`. Nothing is fetched unless started."""
+
+    def __init__(self, url: str = UPDATE_URL, interval: float = 3600) -> None:
+        self._updater = UpdatePrices(update_interval=interval, url=url)
+
+    def start(self) -> None:
+        self._updater.start()
+
+    def stop(self) -> None:
+        self._updater.stop()  # type: ignore[no-untyped-call]  # genai-prices leaves it untyped
+
+    def wait(self, timeout: float) -> bool:
+        """Whether fresh data arrived within `timeout` seconds (raises the fetch's error)."""
+        return self._updater.wait(timeout)

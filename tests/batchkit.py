@@ -17,7 +17,8 @@ from aiohttp import web
 from .conftest import start_site
 
 MODEL = "gpt-5-2025-08-07"
-CREATED = 1_764_000_000  # 2025-11-24 16:00 UTC, when the results were made
+CREATED = 1_795_000_000  # 2026-11-18 11:06 UTC, when the results were made (batch rates are
+# dated from 2026-10-14 in genai-prices 0.2.3)
 
 
 def request_line(custom_id: str, content: str) -> dict[str, Any]:

@@ -68,6 +68,9 @@ def build() -> Seeded:
         key_hint="sk-...aaaa",
         key_hash="a" * 64,
     )
+    # A snapshot of gpt-4o that exists (genai-prices prices the snapshots OpenAI published).
+    old.response_model = old.response_json["model"] = "gpt-4o-2024-08-06"
+    old.response_body = orjson.dumps(old.response_json)
     tagged = chat_exchange(
         started_at=now - 7200,
         tags={"team": "red", "env": "prod"},

@@ -19,11 +19,15 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from proxy.exchange import Exchange
+from proxy.pricing import Prices
+from proxy.sinks.settle import settle
 from proxy.store import create_engine
 from proxy.store.rows import rows_for
 from proxy.store.writer import writer_for
 
 PG_ENV = "FLIGHTREC_TEST_PG_URL"
+
+PRICES = Prices()
 
 
 async def store(url: str, exchanges: list[Exchange]) -> int:
@@ -31,6 +35,8 @@ async def store(url: str, exchanges: list[Exchange]) -> int:
     engine = create_engine(url)
     writer = writer_for(engine)
     try:
+        for ex in exchanges:  # settled as `Sinks.accept` settles every exchange
+            settle(ex, PRICES)
         return await writer.write([rows_for(ex) for ex in exchanges])
     finally:
         await writer.close()
@@ -91,6 +97,17 @@ def logprob_tokens(texts: list[str]) -> list[dict[str, Any]]:
         }
         for i, text in enumerate(texts)
     ]
+
+
+def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+    """A Chat Completions usage object as OpenAI sends it."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0},
+    }
 
 
 def chat_exchange(

@@ -19,6 +19,8 @@ from proxy.config import (
     ConfigError,
     load,
 )
+from proxy.pricing import Prices
+from proxy.usage import Usage
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -126,8 +128,6 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_the_example_prices_load_and_apply(tmp_path: Path) -> None:
-    from proxy.pricing import PriceTable
-
     text = EXAMPLE.read_text()
     commented = text[text.index('# [prices."') :]
     path = tmp_path / "c.toml"
@@ -138,19 +138,33 @@ def test_the_example_prices_load_and_apply(tmp_path: Path) -> None:
     assert pickle.loads(pickle.dumps(config)) == config  # serve --workers sends it over
     with pytest.raises(TypeError):
         prices["gpt-4o"]["input"] = 1  # type: ignore[index]
-    table = PriceTable.load(prices)
-    found = table.lookup("gpt-4o-2024-08-06")
-    assert found is not None and (found.key, found.input, found.output) == ("gpt-4o", 2.5, 10.0)
-    assert found.source.endswith("+config")
-    assert table.lookup("llama3:8b") is not None and table.lookup("llama3") is None
+    table = Prices(prices)
+    usage = Usage(1_000_000, 0, 0, 0, 0, 0, 0, 1_000_000, 0, 0, 0)
+    # The config entry wins over genai-prices' gpt-4o, for its dated snapshots too.
+    assert table.price(usage, "gpt-4o-2024-08-06") == (12.5, "config gpt-4o")
+    assert table.price(usage, "llama3:8b") == (0.0, "config llama3:8b")
+    assert table.price(usage, "llama3") is None
 
 
 def test_price_keys_are_the_fields_the_price_table_takes() -> None:
-    from proxy.pricing import PriceTable
-
     with pytest.raises(ValueError) as info:
-        PriceTable.load({"m": {"input": 1, "output": 1, "bogus": 1}})
+        Prices({"m": {"input": 1, "output": 1, "bogus": 1}})
     assert str(info.value).endswith(f"(known: {', '.join(sorted(PRICE_KEYS))})")
+
+
+def test_an_upstream_names_a_known_provider(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    upstream = '[[upstreams]]\nname = "g"\nbase_url = "http://127.0.0.1:9/v1"\n'
+    path.write_text(upstream + 'provider = "groq"\n')
+    assert load(path, env={}).upstreams[0].provider == "groq"
+    path.write_text(upstream + 'provider = "none"\n')
+    assert load(path, env={}).upstreams[0].provider == "none"
+    path.write_text(upstream + 'provider = "grok"\n')
+    with pytest.raises(ConfigError, match=r"^upstreams\.g\.provider: unknown provider 'grok'"):
+        load(path, env={})
+    path.write_text(upstream + "provider = 3\n")
+    with pytest.raises(ConfigError, match=r"^upstreams\[0\]\.provider: expected"):
+        load(path, env={})
 
 
 def test_only_the_value_that_wins_is_read(tmp_path: Path) -> None:

@@ -1,465 +1,266 @@
-"""Pricing: hand-computed costs for every usage shape, lookup rules, config, the shipped table.
+"""Pricing: genai-prices' data as flightrec applies it, and config prices that win over it.
 
-Expected costs are written as the arithmetic a reader can check (tokens x USD per 1M tokens,
-divided by 1M), never by calling the code under test.
+Expected dollar figures are written here from genai-prices 0.2.3's published per-1M rates
+(`genai_prices/data.py`), as the arithmetic a reader can check, and compared exactly: a cost
+is the float nearest the exact amount, so `Decimal(cost)` is within 1e-9 of the figure.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import tomllib
-from datetime import date
-from fractions import Fraction
-from importlib import resources
+import random
+import warnings
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from genai_prices import data_snapshot
+from genai_prices.data import providers
+from genai_prices.types import ModelPrice
+from genai_prices.types import Usage as GenaiUsage
 
-from proxy.pricing import Price, PriceTable, Tokens, cost_of, normalize_usage
+from proxy.pricing import Priced, Prices
+from proxy.rates import CLASSES, compile_rates, model_price_fields
+from proxy.usage import Usage
 
-TABLE = PriceTable.load()
 M = 1_000_000
+OPENAI = "https://api.openai.com/v1"
+NOW = datetime(2026, 11, 27, 12, tzinfo=UTC).timestamp()
+"""A start time after every dated price these tests name (flex and priority: 2026-10-12)."""
 
 
-def cost(model: str | None, usage: Any) -> float | None:
-    return TABLE.cost(model, usage)[0]
+def tokens(
+    prompt: int, completion: int, *, cached: int = 0, reasoning: int = 0, **more: int
+) -> Usage:
+    return Usage(
+        input=prompt, cached=cached, cache_write=more.get("cache_write", 0),
+        input_audio=more.get("input_audio", 0), cached_audio=more.get("cached_audio", 0),
+        input_image=0, cached_image=0, output=completion, reasoning=reasoning,
+        output_audio=more.get("output_audio", 0), output_image=0,
+    )  # fmt: skip
 
 
-def chat(prompt: int, completion: int, **details: int) -> dict[str, Any]:
-    """A chat/completions usage object; details go where the API puts them."""
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {
-            "cached_tokens": details.get("cached", 0),
-            "audio_tokens": details.get("audio_prompt", 0),
-        },
-        "completion_tokens_details": {
-            "reasoning_tokens": details.get("reasoning", 0),
-            "audio_tokens": details.get("audio_completion", 0),
-            "accepted_prediction_tokens": 0,
-            "rejected_prediction_tokens": 0,
-        },
-    }
+def price(model: str, usage: Usage, **where: Any) -> Priced | None:
+    where.setdefault("base_url", OPENAI)
+    where.setdefault("started_at", NOW)
+    return Prices().price(usage, model, **where)
 
 
-# --- costs ------------------------------------------------------------------------------
-
-
-def test_cached_prompt_tokens_are_billed_at_the_cached_price() -> None:
-    # gpt-4o-mini: input 0.15, cached 0.075, output 0.60
-    usage = chat(1000, 500, cached=400)
-    assert cost("gpt-4o-mini", usage) == pytest.approx((600 * 0.15 + 400 * 0.075 + 500 * 0.60) / M)
-    assert cost("gpt-4o-mini", usage) == pytest.approx(0.00042, abs=1e-12)
-
-
-def test_reasoning_tokens_are_part_of_completion_never_added_twice() -> None:
-    # o3: input 2.00, output 8.00; 2500 of the 3000 completion tokens were reasoning
-    with_reasoning = chat(2000, 3000, reasoning=2500)
-    assert cost("o3", with_reasoning) == pytest.approx((2000 * 2.00 + 3000 * 8.00) / M)
-    assert cost("o3", with_reasoning) == pytest.approx(0.028, abs=1e-12)
-    assert cost("o3", with_reasoning) == cost("o3", chat(2000, 3000))
-
-
-def test_a_dated_snapshot_is_priced_by_the_longest_matching_key() -> None:
-    cost_usd, entry = TABLE.cost("gpt-4o-mini-2024-07-18", chat(1_000_000, 0))
-    assert entry is not None and entry.key == "gpt-4o-mini"
-    assert cost_usd == pytest.approx(0.15, abs=1e-12)  # not gpt-4o's 2.50
-
-
-def test_gpt_4o_2024_05_13_keeps_its_launch_price_later_snapshots_do_not() -> None:
-    usage = chat(1000, 1000)
-    old, old_entry = TABLE.cost("gpt-4o-2024-05-13", usage)
-    new, new_entry = TABLE.cost("gpt-4o-2024-08-06", usage)
-    assert old_entry is not None and old_entry.key == "gpt-4o-2024-05-13"
-    assert new_entry is not None and new_entry.key == "gpt-4o"
-    assert old == pytest.approx((1000 * 5.00 + 1000 * 15.00) / M, abs=1e-12)  # 0.02
-    assert new == pytest.approx((1000 * 2.50 + 1000 * 10.00) / M, abs=1e-12)  # 0.0125
-
-
-def test_cached_tokens_without_a_cached_price_are_billed_at_input() -> None:
-    # gpt-4o-2024-05-13 publishes no cached price
-    assert cost("gpt-4o-2024-05-13", chat(1000, 0, cached=600)) == pytest.approx(
-        1000 * 5.00 / M, abs=1e-12
-    )
-
-
-def test_embeddings_bill_prompt_tokens_only() -> None:
-    usage = {"prompt_tokens": 12_345, "total_tokens": 12_345}
-    assert cost("text-embedding-3-small", usage) == pytest.approx(12_345 * 0.02 / M, abs=1e-12)
-    assert cost("text-embedding-3-large", usage) == pytest.approx(12_345 * 0.13 / M, abs=1e-12)
-    assert cost("text-embedding-ada-002", usage) == pytest.approx(12_345 * 0.10 / M, abs=1e-12)
-
-
-def test_responses_api_usage_shape() -> None:
-    usage = {
-        "input_tokens": 5000,
-        "input_tokens_details": {"cached_tokens": 3000},
-        "output_tokens": 800,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 5800,
-    }
-    # gpt-4.1: input 2.00, cached 0.50, output 8.00
-    expected = (2000 * 2.00 + 3000 * 0.50 + 800 * 8.00) / M  # 0.0119
-    assert cost("gpt-4.1-2025-04-14", usage) == pytest.approx(expected, abs=1e-12)
-
-
-def test_responses_api_reasoning_tokens_are_inside_output_tokens() -> None:
-    usage = {
-        "input_tokens": 1200,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": 900,
-        "output_tokens_details": {"reasoning_tokens": 700},
-    }
-    # o4-mini: input 1.10, output 4.40
-    assert cost("o4-mini", usage) == pytest.approx((1200 * 1.10 + 900 * 4.40) / M, abs=1e-12)
-
-
-def test_audio_tokens_are_priced_at_audio_rates_and_taken_out_of_text() -> None:
-    # gpt-4o-audio-preview: text 2.50 / 10.00, audio 40.00 / 80.00
-    usage = chat(1500, 600, audio_prompt=1000, audio_completion=400)
-    expected = (500 * 2.50 + 1000 * 40.00 + 200 * 10.00 + 400 * 80.00) / M  # 0.07525
-    assert cost("gpt-4o-audio-preview-2025-06-03", usage) == pytest.approx(expected, abs=1e-12)
-
-
-def test_audio_tokens_are_text_for_an_entry_without_audio_rates() -> None:
-    usage = chat(1500, 600, audio_prompt=1000, audio_completion=400)
-    assert cost("gpt-4o", usage) == pytest.approx((1500 * 2.50 + 600 * 10.00) / M, abs=1e-12)
-
-
-def test_cached_tokens_count_as_text_even_when_audio_was_reported() -> None:
-    # gpt-4o-realtime-preview: text 5.00, cached 2.50, audio in 40.00. 300 cached, and of the
-    # 900 audio tokens only the 700 uncached prompt tokens can be audio.
-    usage = chat(1000, 0, cached=300, audio_prompt=900)
-    assert cost("gpt-4o-realtime-preview", usage) == pytest.approx(
-        (300 * 2.50 + 700 * 40.00) / M, abs=1e-12
-    )
-
-
-def test_transcription_usage_shape() -> None:
-    usage = {
-        "type": "tokens",
-        "input_tokens": 100,
-        "input_token_details": {"text_tokens": 20, "audio_tokens": 80},
-        "output_tokens": 50,
-        "total_tokens": 150,
-    }
-    # gpt-4o-mini-transcribe: text in 1.25, audio in 3.00, output 5.00
-    expected = (20 * 1.25 + 80 * 3.00 + 50 * 5.00) / M
-    assert cost("gpt-4o-mini-transcribe", usage) == pytest.approx(expected, abs=1e-12)
-
-
-def test_the_sum_is_exact_then_rounded_once() -> None:
-    # 3 x 0.10 in binary floating point is 0.30000000000000004; the table's 0.10 is exact.
-    assert 3 * 0.10 / M != 3e-7
-    assert cost("gpt-4.1-nano", {"prompt_tokens": 3}) == 3e-7
-    # gpt-4o-mini: 6 x 0.15 + 1 x 0.075 + 3 x 0.60 = 2.775 per 1M tokens
-    assert cost("gpt-4o-mini", chat(7, 3, cached=1)) == 2.775e-6
-
-
-def test_cost_of_clamps_tokens_built_by_hand() -> None:
-    price = Price(key="k", input=1.0, cached_input=0.5, output=2.0)
-    over = Tokens(
-        prompt=10, cached=50, completion=0, reasoning=0, audio_prompt=0, audio_completion=0
-    )
-    assert cost_of(price, over) == pytest.approx(10 * 0.5 / M, abs=1e-15)
-
-
-_rates = st.one_of(
-    st.floats(min_value=0, max_value=1e6, allow_nan=False),
-    st.decimals(min_value=0, max_value=1000, places=6).map(float),
-    st.sampled_from([0.0, 1e-300, 5e-324, 1e300, 0.1 + 0.2]),
-)
-
-
-@given(
-    st.tuples(_rates, st.none() | _rates, _rates, st.none() | _rates, st.none() | _rates),
-    st.integers(0, 10**12),
-    st.integers(0, 10**12),
-    st.integers(0, 10**12),
-    st.integers(0, 10**12),
-    st.integers(0, 10**12),
-)
-def test_a_cost_is_the_float_nearest_the_exact_amount(
-    rates: tuple[float, float | None, float, float | None, float | None],
-    prompt: int,
-    completion: int,
-    cached: int,
-    audio_in: int,
-    audio_out: int,
-) -> None:
-    """Against exact fractions of the rates as written (their shortest repr)."""
-    price = Price("k", *rates)
-    cached, audio_in, audio_out = (
-        min(cached, prompt),
-        min(audio_in, prompt),
-        min(audio_out, completion),
-    )
-    audio_in = min(audio_in, prompt - cached) if price.audio_input is not None else 0
-    audio_out = audio_out if price.audio_output is not None else 0
-    tokens = Tokens(prompt, cached, completion, 0, audio_in, audio_out)
-
-    def exact(rate: float | None) -> Fraction:
-        return Fraction(repr(rate))
-
-    cached_rate = price.input if price.cached_input is None else price.cached_input
-    amount = (
-        (prompt - cached - audio_in) * exact(price.input)
-        + cached * exact(cached_rate)
-        + (completion - audio_out) * exact(price.output)
-        + (audio_in * exact(price.audio_input) if audio_in else 0)
-        + (audio_out * exact(price.audio_output) if audio_out else 0)
-    )
-    assert cost_of(price, tokens) == float(amount / M)
-
-
-# --- unknown model, missing usage -------------------------------------------------------
-
-
-@pytest.mark.parametrize("model", ["no-such-model", "", None, "GPT-4O", "gpt-5.2", "gpt-4o1"])
-def test_an_unknown_model_gets_no_cost_and_no_entry(model: str | None) -> None:
-    assert TABLE.cost(model, chat(10, 10)) == (None, None)
+def assert_costs(found: Priced | None, dollars: str, source: str) -> None:
+    assert found is not None
+    assert abs(Decimal(found.cost_usd) - Decimal(dollars)) < Decimal("1e-9"), found
+    assert found.source == source
 
 
 @pytest.mark.parametrize(
-    "usage", [None, {}, {"total_tokens": 5}, {"prompt_tokens": None}, "garbage", [1, 2]]
-)
-def test_missing_or_unknown_usage_gets_no_cost(usage: Any) -> None:
-    assert normalize_usage(usage) is None
-    assert TABLE.cost("gpt-4o", usage) == (None, None)
-
-
-def test_zero_usage_is_a_real_zero_cost() -> None:
-    assert TABLE.cost("gpt-4o", chat(0, 0))[0] == 0.0
-
-
-# --- lookup -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("model", "key"),
+    ("model", "tier", "dollars", "variant"),
     [
-        ("gpt-4o", "gpt-4o"),
-        ("gpt-4o-2024-11-20", "gpt-4o"),
-        ("gpt-4o-mini-audio-preview-2024-12-17", "gpt-4o-mini-audio-preview"),
-        ("gpt-4o-audio-preview-2024-10-01", "gpt-4o-audio-preview-2024-10-01"),
-        ("gpt-4-0613", "gpt-4"),
-        ("gpt-4-turbo-2024-04-09", "gpt-4-turbo"),
-        ("gpt-4-0125-preview", "gpt-4-0125-preview"),
-        ("gpt-3.5-turbo-0125", "gpt-3.5-turbo"),
-        ("gpt-3.5-turbo-16k-0613", "gpt-3.5-turbo-16k"),
-        ("o1-preview", "o1"),
-        ("o3-mini-2025-01-31", "o3-mini"),
-        ("o3-2025-04-16", "o3"),
-        ("gpt-5-2025-08-07", "gpt-5"),
-        ("gpt-5-mini-2025-08-07", "gpt-5-mini"),
-        ("gpt-4.1-mini-2025-04-14", "gpt-4.1-mini"),
+        ("gpt-5", None, "11.25", "standard"),  # 1M x 1.25 + 1M x 10
+        ("gpt-5", "default", "11.25", "standard"),
+        ("gpt-5", "auto", "11.25", "standard"),
+        ("gpt-5", "scale", "11.25", "standard"),  # no published scale rate: the standard one
+        ("gpt-5", "flex", "5.625", "flex"),  # 1M x 0.625 + 1M x 5
+        ("gpt-5", "priority", "22.50", "priority"),  # 1M x 2.5 + 1M x 20
+        ("gpt-5.2", "priority", "31.50", "priority"),  # 1M x 3.5 + 1M x 28
     ],
 )
-def test_lookup_exact_or_longest_key(model: str, key: str) -> None:
-    entry = TABLE.lookup(model)
-    assert entry is not None and entry.key == key
+def test_the_tier_the_response_reports_chooses_the_price(
+    model: str, tier: str | None, dollars: str, variant: str
+) -> None:
+    found = price(model, tokens(M, M), service_tier=tier)
+    assert_costs(found, dollars, f"genai-prices 0.2.3 openai/{model} {variant}")
 
 
-def test_a_key_must_be_followed_by_a_separator_to_match() -> None:
-    # "gpt-4" is a prefix of all of these, but none is a gpt-4 snapshot
-    assert TABLE.lookup("gpt-4.5-preview-2025-02-27") is not None  # its own entry
-    assert TABLE.lookup("gpt-4x") is None
-    assert TABLE.lookup("gpt-5.1") is None
-    table = PriceTable.load({"acme": {"input": 1, "output": 1}, "ft:": {"input": 1, "output": 1}})
-    for model, key in [("acme:7b", "acme"), ("acme@2025", "acme"), ("ft:gpt-4o:org::x", "ft:")]:
-        entry = table.lookup(model)
-        assert entry is not None and entry.key == key
+def test_tier_prices_apply_from_their_published_date() -> None:
+    before = datetime(2026, 10, 11, 23, 59, tzinfo=UTC).timestamp()
+    found = price("gpt-5", tokens(M, M), service_tier="flex", started_at=before)
+    assert_costs(found, "11.25", "genai-prices 0.2.3 openai/gpt-5 standard")
 
 
-# --- config -----------------------------------------------------------------------------
-
-
-def test_config_overrides_some_fields_of_a_shipped_entry_and_adds_a_model() -> None:
-    table = PriceTable.load(
-        {"gpt-4o": {"input": 2.0, "note": "negotiated"}, "my-model": {"input": 1, "output": 3}}
+def test_dated_prices_follow_the_exchange_start() -> None:
+    # o3: $10/$40 until 2025-06-09, $2/$8 from 2025-06-10 (UTC dates).
+    june_9 = datetime(2025, 6, 9, 23, 59, 59, tzinfo=UTC).timestamp()
+    june_10 = datetime(2025, 6, 10, tzinfo=UTC).timestamp()
+    assert_costs(
+        price("o3", tokens(M, M), started_at=june_9), "50", "genai-prices 0.2.3 openai/o3 standard"
     )
-    gpt_4o = table.lookup("gpt-4o-2024-08-06")
-    assert gpt_4o == Price(
-        key="gpt-4o",
-        input=2.0,
-        cached_input=1.25,  # kept from the shipped entry
-        output=10.00,
-        source="table:2026-11-22+config",
+    assert_costs(
+        price("o3", tokens(M, M), started_at=june_10), "10", "genai-prices 0.2.3 openai/o3 standard"
     )
-    usage = chat(1000, 1000, cached=200)
-    assert table.cost("gpt-4o", usage)[0] == pytest.approx(
-        (800 * 2.0 + 200 * 1.25 + 1000 * 10.00) / M, abs=1e-12
+
+
+def test_off_peak_prices_follow_the_time_of_day() -> None:
+    # deepseek-chat: $0.27/$1.10 from 00:30 to 16:30 UTC, $0.135/$0.55 otherwise.
+    day = datetime(2026, 11, 27, 12, tzinfo=UTC).timestamp()
+    night = datetime(2026, 11, 27, 20, tzinfo=UTC).timestamp()
+    url = "https://api.deepseek.com/v1"
+    prices = Prices()
+    peak = prices.price(tokens(M, M), "deepseek-chat", base_url=url, started_at=day)
+    off = prices.price(tokens(M, M), "deepseek-chat", base_url=url, started_at=night)
+    assert_costs(peak, "1.37", "genai-prices 0.2.3 deepseek/deepseek-chat standard")
+    assert_costs(off, "0.685", "genai-prices 0.2.3 deepseek/deepseek-chat standard")
+
+
+def test_long_context_rates_apply_to_the_whole_prompt_past_the_threshold() -> None:
+    # gpt-5.5: $5/$30 up to 272,000 prompt tokens; past it, $10/$45 for all tokens.
+    at = price("gpt-5.5", tokens(272_000, 1000))
+    assert_costs(at, "1.39", "genai-prices 0.2.3 openai/gpt-5.5 standard")  # 1.36 + 0.03
+    past = price("gpt-5.5", tokens(272_001, 1000))
+    assert_costs(past, "2.76501", "genai-prices 0.2.3 openai/gpt-5.5 standard >272000")
+    # Cached tokens pay the long-context cached rate ($1) too: 200k x 10 + 100k x 1 + 10k x 45.
+    cached = price("gpt-5.5", tokens(300_000, 10_000, cached=100_000))
+    assert_costs(cached, "2.55", "genai-prices 0.2.3 openai/gpt-5.5 standard >272000")
+
+
+def test_batch_results_get_batch_rates() -> None:
+    found = price("gpt-5", tokens(M, M), batch=True)
+    assert_costs(found, "5.625", "genai-prices 0.2.3 openai/gpt-5 batch")
+
+
+def test_the_provider_is_the_upstream_s() -> None:
+    usage = tokens(M, M)
+    groq = "https://api.groq.com/openai/v1"
+    # Groq's own price for its model; an OpenAI model at Groq is unknown there: unpriced.
+    assert_costs(
+        price("llama-3.1-8b-instant", usage, base_url=groq),
+        "0.13",
+        "genai-prices 0.2.3 groq/llama-3.1-8b-instant standard",
     )
-    cost_usd, entry = table.cost("my-model-v2", usage)
-    assert entry is not None and (entry.key, entry.source) == ("my-model", "config")
-    assert entry.cached_input is None
-    assert cost_usd == pytest.approx((1000 * 1 + 1000 * 3) / M, abs=1e-12)
-    # the shipped table itself is untouched
-    shipped = PriceTable.load().lookup("gpt-4o")
-    assert shipped is not None and shipped.input == 2.50 and shipped == TABLE.lookup("gpt-4o")
+    assert price("gpt-4o-mini", usage, base_url=groq) is None
+    # Azure prices gpt-4o from OpenAI's list, without OpenAI's tiers (as genai-prices does).
+    azure = "https://acme.openai.azure.com/openai/v1"
+    found = price("gpt-4o", usage, base_url=azure, service_tier="priority")
+    assert_costs(found, "12.5", "genai-prices 0.2.3 azure/gpt-4o standard")
+    # A local gateway: the provider genai-prices finds by the model name, else OpenAI.
+    local = "http://127.0.0.1:4000/v1"
+    assert_costs(
+        price("gpt-4o-mini", usage, base_url=local),
+        "0.75",
+        "genai-prices 0.2.3 openai/gpt-4o-mini standard",
+    )
+    assert_costs(
+        price("text-embedding-3-small", tokens(M, 0), base_url=local),
+        "0.02",
+        "genai-prices 0.2.3 openai/text-embedding-3-small standard",
+    )
+    assert price("llama3.1:8b", usage, base_url=local) is None
+
+
+def test_an_upstream_s_provider_setting_wins_over_its_url() -> None:
+    prices = Prices(providers={"fast": "groq", "mine": "none"})
+    local = "http://127.0.0.1:4000/v1"
+    found = prices.price(tokens(M, M), "llama-3.1-8b-instant", upstream="fast", base_url=local)
+    assert_costs(found, "0.13", "genai-prices 0.2.3 groq/llama-3.1-8b-instant standard")
+    assert prices.price(tokens(M, M), "gpt-4o-mini", upstream="mine", base_url=OPENAI) is None
+    with pytest.raises(ValueError, match=r"^upstreams\.x\.provider: unknown provider 'grok'"):
+        Prices(providers={"x": "grok"})
+
+
+def test_config_prices_win_for_their_models() -> None:
+    prices = Prices({"gpt-5": {"input": 1, "output": 2}, "llama3": {"input": 0.5, "output": 0.5}})
+    found = prices.price(tokens(M, M, cached=M // 2), "gpt-5-2025-08-07", base_url=OPENAI)
+    assert found == (3.0, "config gpt-5")  # cached at `input` when no cached rate is given
+    assert prices.price(tokens(M, M), "llama3:8b") == (1.0, "config llama3")
+    assert prices.price(tokens(M, M), "llama3.1") is None  # "." is no boundary
+    assert prices.price(tokens(M, M), "gpt-5.1", base_url=OPENAI) == (
+        11.25, "genai-prices 0.2.3 openai/gpt-5.1 standard"
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        ({"gpt-4o": {"input": "cheap"}}, "prices.gpt-4o.input"),
-        ({"gpt-4o": {"output": -1}}, "prices.gpt-4o.output"),
-        ({"gpt-4o": {"cached_input": True}}, "prices.gpt-4o.cached_input"),
-        ({"gpt-4o": {"audio_input": math.nan}}, "prices.gpt-4o.audio_input"),
-        ({"gpt-4o": {"audio_output": math.inf}}, "prices.gpt-4o.audio_output"),
-        ({"gpt-4o": {"ouput": 1}}, "prices.gpt-4o.ouput"),
-        ({"gpt-4o": {"source": "mine"}}, "prices.gpt-4o.source"),
-        ({"new-model": {"input": 1}}, "prices.new-model.output"),
-        ({"new-model": {"output": 1}}, "prices.new-model.input"),
-        ({"new-model": 3}, "prices.new-model"),
+        ({"m": {"input": "cheap", "output": 1}}, "prices.m.input"),
+        ({"m": {"input": -1, "output": 1}}, "prices.m.input"),
+        ({"m": {"input": 1}}, "prices.m.output"),
+        ({"m": {"input": 1, "output": 1, "cached": 1}}, "prices.m.cached"),
+        ({"m": 3}, "prices.m"),
     ],
 )
-def test_a_bad_config_value_names_its_key(overrides: Any, named: str) -> None:
-    with pytest.raises(ValueError, match="^" + re.escape(named) + ":"):
-        PriceTable.load(overrides)
+def test_a_bad_config_price_names_its_key(overrides: Any, named: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{named}[.:]"):
+        Prices(overrides)
 
 
-# --- the shipped table ------------------------------------------------------------------
+@pytest.mark.parametrize("model", [None, "", "gpt-9", "gpt-5.9", "gpt-5-turbo"])
+def test_an_unknown_model_is_unpriced_never_free(model: str | None) -> None:
+    assert Prices().price(tokens(M, M), model, base_url=OPENAI) is None
 
 
-def test_every_shipped_entry_has_source_date_and_non_negative_prices() -> None:
-    raw = tomllib.loads(resources.files("proxy").joinpath("prices.toml").read_text("utf-8"))
-    assert isinstance(raw["meta"]["compiled"], date)
-    assert raw["models"], "the table is empty"
-    for key, fields in raw["models"].items():
-        assert str(fields["source"]).startswith("https://"), key
-        assert isinstance(fields["date"], date), key
-        assert fields["date"] <= raw["meta"]["compiled"], key
-        assert fields.get("note"), f"{key}: say whether the price was confirmed"
-        for name in ("input", "cached_input", "output", "audio_input", "audio_output"):
-            if name in fields:
-                assert fields[name] >= 0, (key, name)
-        assert "input" in fields and "output" in fields, key
-        assert fields.get("cached_input", fields["input"]) <= fields["input"], key
-        assert fields.get("audio_input", fields["input"]) >= fields["input"], key
-        assert fields.get("audio_output", fields["output"]) >= fields["output"], key
-    assert set(TABLE.entries) == set(raw["models"])
-    for key, entry in TABLE.entries.items():
-        assert entry.key == key and entry.source == f"table:{raw['models'][key]['date']}"
+def test_no_usage_is_unpriced_zero_usage_is_free() -> None:
+    assert price("gpt-5", None) is None  # type: ignore[arg-type]
+    assert price("gpt-5", tokens(0, 0)) == (0.0, "genai-prices 0.2.3 openai/gpt-5 standard")
 
 
-def test_the_models_the_contract_names_are_in_the_table() -> None:
-    required = [
-        *("gpt-5", "gpt-5-mini", "gpt-5-nano", "gpt-5-chat-latest"),
-        *("gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano"),
-        *("gpt-4o", "gpt-4o-2024-05-13", "gpt-4o-mini"),
-        *("gpt-4o-audio-preview", "gpt-4o-mini-audio-preview"),
-        *("o1", "o1-mini", "o1-pro", "o3", "o3-mini", "o3-pro", "o4-mini"),
-        *("gpt-3.5-turbo", "gpt-4-turbo", "gpt-4"),
-        *("text-embedding-3-small", "text-embedding-3-large", "text-embedding-ada-002"),
-    ]
-    assert [model for model in required if model not in TABLE.entries] == []
-    assert all(TABLE.entries[m].audio_input is not None for m in required if "audio" in m)
+def test_parts_overlapping_past_their_total_are_unpriced() -> None:
+    # 8 cached and 8 audio tokens, none of them both, cannot fit in 10 input tokens.
+    usage = tokens(10, 0, cached=8, input_audio=8)
+    assert price("gpt-realtime", usage) is None
 
 
-# --- normalisation ----------------------------------------------------------------------
+@pytest.fixture
+def fresh_data() -> Iterator[None]:
+    yield
+    data_snapshot.set_custom_snapshot(None)
 
 
-def test_normalize_chat_usage_with_every_detail() -> None:
-    usage = chat(100, 50, cached=30, audio_prompt=20, reasoning=10, audio_completion=5)
-    assert normalize_usage(usage) == Tokens(100, 30, 50, 10, 20, 5)
+def test_fresh_data_replaces_what_was_looked_up(fresh_data: None) -> None:
+    prices = Prices(live=True)
+    before = prices.price(tokens(M, M), "gpt-5", base_url=OPENAI, started_at=NOW)
+    assert before == (11.25, "genai-prices 0.2.3 openai/gpt-5 standard")
+    cheaper = [p for p in providers if p.id == "openai"]
+    model = next(m for m in cheaper[0].models if m.id == "gpt-5")
+    kept = model.prices
+    try:
+        model.prices = ModelPrice(input_mtok=Decimal(1), output_mtok=Decimal(2))
+        fetched = data_snapshot.DataSnapshot(cheaper, from_auto_update=True)
+        fetched.timestamp = datetime(2026, 11, 27, 10, 5)
+        data_snapshot.set_custom_snapshot(fetched)
+        after = prices.price(tokens(M, M), "gpt-5", base_url=OPENAI, started_at=NOW)
+    finally:
+        model.prices = kept
+    assert after is not None and after.cost_usd == 3.0
+    stamp = fetched.timestamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+    assert after.source == f"genai-prices 0.2.3 data {stamp} openai/gpt-5 standard"
 
 
-def test_normalize_clamps_details_to_their_totals() -> None:
-    usage = chat(100, 50, cached=150, audio_prompt=300, reasoning=60, audio_completion=70)
-    assert normalize_usage(usage) == Tokens(100, 100, 50, 50, 100, 50)
+def _usages(rng: random.Random) -> Iterator[Usage]:
+    for prompt in (0, 123, 271_999, 272_000, 272_001, 1_000_000):
+        cached = rng.randint(0, prompt)
+        audio = rng.randint(0, prompt - cached)
+        cached_audio = rng.randint(0, min(cached, audio))
+        write = rng.randint(0, prompt - cached - audio)
+        output = rng.randint(0, 50_000)
+        reasoning = rng.randint(0, output)
+        out_audio = rng.randint(0, output - reasoning)
+        yield Usage(
+            prompt, cached, write, audio, cached_audio, 0, 0, output, reasoning, out_audio, 0
+        )
 
 
-@pytest.mark.parametrize(
-    ("usage", "expected"),
-    [
-        ({"prompt_tokens": 10, "completion_tokens": None}, Tokens(10, 0, 0, 0, 0, 0)),
-        ({"prompt_tokens": 10, "prompt_tokens_details": None}, Tokens(10, 0, 0, 0, 0, 0)),
-        ({"prompt_tokens": 10.0, "completion_tokens": 2}, Tokens(10, 0, 2, 0, 0, 0)),
-        ({"prompt_tokens": 10, "prompt_tokens_details": [1]}, Tokens(10, 0, 0, 0, 0, 0)),
-        (
-            {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": "5"}},
-            Tokens(10, 0, 0, 0, 0, 0),
-        ),
-        ({"prompt_tokens": -1}, None),
-        ({"prompt_tokens": True, "completion_tokens": 3}, None),
-        ({"prompt_tokens": 1.5}, None),
-        ({"prompt_tokens": "10"}, None),
-        ({"prompt_tokens": None, "input_tokens": 7, "output_tokens": 1}, Tokens(7, 0, 1, 0, 0, 0)),
-    ],
-)
-def test_normalize_is_robust_to_nulls_and_garbage(usage: Any, expected: Tokens | None) -> None:
-    assert normalize_usage(usage) == expected
-
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=10,
-)
-_keys = st.sampled_from(
-    ["prompt_tokens", "completion_tokens", "input_tokens", "output_tokens",
-     "prompt_tokens_details", "completion_tokens_details", "input_tokens_details",
-     "output_tokens_details", "cached_tokens", "audio_tokens", "reasoning_tokens"]
-)  # fmt: skip
-
-
-@given(st.dictionaries(_keys, _json | st.dictionaries(_keys, _json, max_size=4), max_size=6))
-def test_normalize_never_raises_and_keeps_details_within_totals(usage: dict[str, Any]) -> None:
-    tokens = normalize_usage(usage)
-    if tokens is not None:
-        assert 0 <= tokens.cached <= tokens.prompt and 0 <= tokens.audio_prompt <= tokens.prompt
-        assert 0 <= tokens.reasoning <= tokens.completion
-        assert 0 <= tokens.audio_completion <= tokens.completion
-        assert TABLE.cost("gpt-4o-audio-preview", usage)[0] is not None
-
-
-# --- properties -------------------------------------------------------------------------
-
-_models = st.sampled_from(sorted(TABLE.entries))
-_n = st.integers(min_value=0, max_value=10**7)
-_FIELDS = ("prompt", "cached", "completion", "reasoning", "audio_prompt", "audio_completion")
-
-
-def _usage(counts: dict[str, int]) -> dict[str, Any]:
-    return chat(
-        counts["prompt"],
-        counts["completion"],
-        cached=counts["cached"],
-        reasoning=counts["reasoning"],
-        audio_prompt=counts["audio_prompt"],
-        audio_completion=counts["audio_completion"],
-    )
-
-
-@given(_models, st.fixed_dictionaries(dict.fromkeys(_FIELDS, _n)), st.sampled_from(_FIELDS), _n)
-def test_cost_is_monotone_in_each_token_count(
-    model: str, counts: dict[str, int], field: str, extra: int
-) -> None:
-    # Holds because every entry has cached_input <= input <= audio_input and
-    # output <= audio_output (checked on the shipped table above).
-    before = cost(model, _usage(counts))
-    after = cost(model, _usage({**counts, field: counts[field] + extra}))
-    assert before is not None and after is not None and before >= 0
-    if field == "reasoning":
-        assert after == before  # already inside completion
-    elif field == "cached":
-        assert after <= before  # cached tokens are a cheaper part of the prompt
-    else:
-        assert after >= before
-
-
-@given(_models, _n, _n, _n)
-def test_more_cached_than_prompt_is_clamped(model: str, prompt: int, over: int, out: int) -> None:
-    clamped = cost(model, chat(prompt, out, cached=prompt))
-    assert cost(model, chat(prompt, out, cached=prompt + over)) == clamped
-    entry = TABLE.entries[model]
-    rate = entry.input if entry.cached_input is None else entry.cached_input
-    assert clamped == pytest.approx((prompt * rate + out * entry.output) / M, rel=1e-12)
+def test_compiled_rates_give_genai_prices_own_figure_to_the_last_digit() -> None:
+    """Every OpenAI, Anthropic and Google price, with every variant, on usages that reach
+    every class and tier boundary: flightrec's integer arithmetic and genai-prices' own
+    Decimal calculation agree exactly."""
+    rng = random.Random(33)
+    at = datetime.fromtimestamp(NOW, UTC)
+    checked = 0
+    for provider in providers:
+        if provider.id not in ("openai", "anthropic", "google"):
+            continue
+        for model in provider.models:
+            contexts = [None, *(v.when for v in model.price_variants or ())]
+            for context in contexts:
+                resolved = model.get_prices(at, context)
+                rates = compile_rates(model_price_fields(resolved))
+                for usage in _usages(rng):
+                    given = dict(zip(CLASSES, usage, strict=False))
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        theirs = resolved.calc_price(GenaiUsage(**given))["total_price"]
+                    found = rates.nanos_exact(usage)
+                    assert found is not None
+                    assert Decimal(found[0]) / Decimal(found[1]) == theirs, (model.id, usage)
+                    checked += 1
+    assert checked > 2000

@@ -1,7 +1,7 @@
 """The Batch API's files and batches as they passed through the proxy (SPEC 12).
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0007
 Create Date: 2026-11-27
 
 `batch_requests`: the lines of uploaded batch input files; `batches`: each batch as last seen;
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

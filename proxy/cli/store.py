@@ -135,7 +135,10 @@ def _parse_by(value: str) -> str:
 @click.option(
     "--reprice",
     is_flag=True,
-    help="First recompute the stored costs with today's prices (shipped table + config).",
+    help="First recompute the stored costs with today's prices (genai-prices + config).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="With --reprice: say what would change, write nothing."
 )
 @db_option
 @user_errors
@@ -149,35 +152,40 @@ def cost(
     tags: list[tuple[str, str]],
     fmt: str,
     reprice: bool,
+    dry_run: bool,
     db_url: str | None,
 ) -> None:
     """Spend per model, key, user, tag, day or upstream, with a total."""
     from proxy.keynames import KeyNames
-    from proxy.pricing import PriceTable
+    from proxy.pricing import Prices, upstream_providers
     from proxy.store import read, report
+    from proxy.store import reprice as repricing
     from proxy.store.filters import Filters
 
     cfg = load_config(config_path, db_url=db_url, uses=("db_url", "prices", "keys"))
     if since is not None and until is not None and since >= until:
         raise click.UsageError("--since must be earlier than --until")
+    if dry_run and not reprice:
+        raise click.UsageError("--dry-run goes with --reprice")
     names = KeyNames(cfg.keys)
     filters = Filters(since, until, model, names.resolve(key) if key else key, tuple(tags))
+    prices = Prices(cfg.prices, upstream_providers(cfg.upstreams)) if reprice else None
 
-    async def run() -> tuple[report.Repriced | None, list[dict[str, Any]]]:
+    async def run() -> tuple[repricing.Repriced | None, list[dict[str, Any]]]:
         async with read.reading(cfg.db_url) as engine:
-            repriced = None
-            if reprice:
-                repriced = await report.reprice(engine, PriceTable.load(cfg.prices), filters)
-            return repriced, await report.cost_report(engine, by, filters)
+            done = None
+            if prices is not None:
+                done = await repricing.reprice(engine, prices, filters, dry_run=dry_run)
+            return done, await report.cost_report(engine, by, filters)
 
-    repriced, rows = asyncio.run(run())
+    done, rows = asyncio.run(run())
     if by == "key" and names.table:
         for row in rows:
             row["key_name"] = names.name(row["group"], row["key_hint"])
             if fmt == "table" and row["key_name"]:
                 row["key_hint"] = f"{row['key_name']} ({row['key_hint']})"
-    if repriced is not None:
-        click.echo(f"repriced {repriced.seen} exchanges: {repriced.changed} changed", err=True)
+    if done is not None:
+        click.echo(repricing.summary(done), err=True)
     if fmt == "json":
         print_json(report.as_json(rows))
     elif fmt == "csv":

@@ -86,33 +86,18 @@ def curl(shown: dict[str, Any]) -> str | None:
     return " \\\n".join(lines)
 
 
-def tokens(usage: Any) -> list[str]:
-    """The counts an endpoint's usage has, in words: no dashes for counts it does not have."""
-    if not isinstance(usage, dict):
+def tokens(decoded: Any) -> list[str]:
+    """The counts an exchange's usage has, in words, from the figures decoded when it completed
+    (`show`'s `tokens`): a class the exchange has none of (an embedding's completion, cached
+    or reasoning tokens) is left out rather than shown as a dash."""
+    if not isinstance(decoded, dict):
         return []
-
-    def count(*path: str) -> int | None:
-        value: Any = usage
-        for name in path:
-            value = value.get(name) if isinstance(value, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    def first(*paths: tuple[str, ...]) -> int | None:
-        return next((n for n in (count(*p) for p in paths) if n is not None), None)
-
-    prompt = first(("prompt_tokens",), ("input_tokens",))
-    cached = first(
-        ("prompt_tokens_details", "cached_tokens"), ("input_tokens_details", "cached_tokens")
-    )
-    completion = first(("completion_tokens",), ("output_tokens",))
-    reasoning = first(
-        ("completion_tokens_details", "reasoning_tokens"),
-        ("output_tokens_details", "reasoning_tokens"),
-    )
+    prompt, cached = decoded.get("prompt"), decoded.get("cached")
+    completion, reasoning = decoded.get("completion"), decoded.get("reasoning")
     out = []
     if prompt is not None:
-        out.append(f"{prompt:,} prompt" + (f" ({cached:,} cached)" if cached is not None else ""))
-    if completion is not None:
-        extra = f" ({reasoning:,} reasoning)" if reasoning is not None else ""
+        out.append(f"{prompt:,} prompt" + (f" ({cached:,} cached)" if cached else ""))
+    if completion:
+        extra = f" ({reasoning:,} reasoning)" if reasoning else ""
         out.append(f"{completion:,} completion{extra}")
     return out

@@ -108,30 +108,6 @@ def cut(message: dict[str, Any], full_url: str) -> None:
         message["cut"] = {"shown": SHOWN_CHARS, "total": len(text), "url": full_url}
 
 
-def tokens(usage: Any) -> dict[str, Any] | None:
-    """Prompt (cached), completion (reasoning) counts of chat or Responses API usage."""
-    if not isinstance(usage, dict):
-        return None
-
-    def count(*path: str) -> Any:
-        value: Any = usage
-        for name in path:
-            value = value.get(name) if isinstance(value, dict) else None
-        return value if isinstance(value, int) else "-"
-
-    prompt = count("prompt_tokens") if "prompt_tokens" in usage else count("input_tokens")
-    completion = count("completion_tokens")
-    if "completion_tokens" not in usage:
-        completion = count("output_tokens")
-    cached = count("prompt_tokens_details", "cached_tokens")
-    if cached == "-":
-        cached = count("input_tokens_details", "cached_tokens")
-    reasoning = count("completion_tokens_details", "reasoning_tokens")
-    if reasoning == "-":
-        reasoning = count("output_tokens_details", "reasoning_tokens")
-    return {"prompt": prompt, "completion": completion, "cached": cached, "reasoning": reasoning}
-
-
 def is_binary(body: Any) -> bool:
     """A stored body that was not UTF-8 reads back as `{"base64": ...}`."""
     return isinstance(body, dict) and list(body) == ["base64"]

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.alert_rules import Blocked
 from proxy.config import Config
+from proxy.pricing import Prices, PriceUpdates, upstream_providers, warm
 from proxy.privacy.keep import Keep
 from proxy.relay.appkeys import (
     APP_BLOCKED,
@@ -74,6 +75,19 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SESSION].close()
 
 
+async def _price_updates(app: web.Application) -> AsyncIterator[None]:
+    """genai-prices' background refresh, only with `price_update = true`: without it the
+    proxy makes no call for prices."""
+    config = app[APP_CONFIG]
+    warm()
+    updates = PriceUpdates(config.price_update_url) if config.price_update else None
+    if updates is not None:
+        updates.start()
+    yield
+    if updates is not None:
+        updates.stop()
+
+
 async def _sinks(app: web.Application) -> AsyncIterator[None]:
     await app[APP_SINKS].start()
     yield
@@ -87,12 +101,14 @@ def build_app(config: Config, recorder: Recorder, *, sinks: Sequence[Sink] = ())
     app[APP_CONFIG] = config
     app[APP_RECORDER] = recorder
     app[APP_BLOCKED] = Blocked()
-    app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace)
+    prices = Prices(config.prices, upstream_providers(config.upstreams), live=config.price_update)
+    app[APP_SINKS] = Sinks([recorder, *sinks], Keep(config), config.shutdown_grace, prices)
     app[APP_DEFERRED] = Deferred()
     app[APP_DEFERRED_READS] = Deferred(READ_DELAY)
     app[APP_IN_FLIGHT] = InFlight()
     app[APP_LOAD] = Load(config.max_connections, config.max_streams)
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_price_updates)
     app.cleanup_ctx.append(_sinks)
     install_websockets(app)
     app.router.add_get("/healthz", healthz)

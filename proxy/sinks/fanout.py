@@ -1,10 +1,11 @@
 """Where a finished exchange goes: a list of sinks, each told once per exchange.
 
 The forwarder hands every exchange, whatever its outcome, to `Sinks.accept` (`record.conclude`);
-`Sinks` gives it to each sink in order. The database recorder is the first sink; metrics and
-traces are others, added with `build_app(..., sinks=[...])` and nothing else. The recorder
-is a sink that can also say whether the record is safe (`Recorder`). A sink reacts to that
-one event, as a mitmproxy addon reacts to one hook, and never to the order of others.
+`Sinks` settles its figures (`settle.py`: usage decoded and priced, once) and gives it to each
+sink in order. The database recorder is the first sink; metrics and traces are others, added
+with `build_app(..., sinks=[...])` and nothing else. The recorder is a sink that can also say
+whether the record is safe (`Recorder`). A sink reacts to that one event, as a mitmproxy addon
+reacts to one hook, and never to the order of others.
 
 With `[[redact]]` rules, `Keep` runs on one worker thread, exchanges in the order accepted, and
 each kept exchange goes to the sinks back on the event loop, in that order: a long redaction
@@ -26,8 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from proxy.exchange import Exchange
+from proxy.pricing import Prices
 from proxy.privacy import keep
 from proxy.privacy.keep import Keep
+from proxy.sinks.settle import settle
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +103,15 @@ class Sinks:
     fails never keeps an exchange from the others. Before any sink sees an exchange, `keep`
     takes out of it what the record may not keep (omitted bodies, redaction)."""
 
-    def __init__(self, sinks: Sequence[Sink], keep: Keep | None = None, grace: float = 30) -> None:
+    def __init__(
+        self,
+        sinks: Sequence[Sink],
+        keep: Keep | None = None,
+        grace: float = 30,
+        prices: Prices | None = None,
+    ) -> None:
         self._sinks = tuple(sinks)
+        self._prices = prices or Prices()
         self._keep = keep or Keep()
         self._grace = grace
         self._worker = None if self._keep.redactor is None else ThreadPoolExecutor(1, "keep")
@@ -119,6 +129,10 @@ class Sinks:
             raise
 
     def accept(self, exchange: Exchange) -> None:
+        try:
+            settle(exchange, self._prices)
+        except Exception:  # a pricing bug costs the exchange its price, not its record
+            log.exception("exchange %s: pricing it failed", exchange.id)
         if self._worker is None:
             self._keep(exchange)
             self._deliver(exchange)

@@ -27,7 +27,6 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.keynames import KeyNames
-from proxy.pricing import PriceTable, cost_of, normalize_usage
 from proxy.stream.endpoints import FREE_ENDPOINT
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -116,7 +115,6 @@ class MetricsSink:
     def __init__(self, config: Config, recorder: object = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._health = recorder if isinstance(recorder, Health) else None
-        self._prices = PriceTable.load(config.prices)
         self._extra = config.metrics_labels
         self._model = _Bounded()
         self._user = _Bounded()
@@ -263,7 +261,7 @@ class MetricsSink:
     def _series(self, ex: Exchange) -> _Series:
         """The labelled series one exchange counts in, made once per label set: `labels()`
         checks its arguments on every call, and the counting is done per exchange."""
-        model = ex.model
+        model = ex.model_name
         stream = "true" if ex.stream else "false"
         key = (ex.upstream, model, ex.outcome, ex.status, stream, ex.user, ex.key_hash)
         found = self._known.get(key)
@@ -285,19 +283,16 @@ class MetricsSink:
             series.ttfb.observe(ex.ttfb_ms / 1000)
         response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
         usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
-        tokens = normalize_usage(usage)
+        tokens = ex.tokens
         if tokens is not None:
-            series.input_held += tokens.prompt - tokens.cached
+            series.input_held += tokens.input - tokens.cached
             series.cached_input_held += tokens.cached
-            series.output_held += tokens.completion
+            series.output_held += tokens.output
             series.reasoning_output_held += tokens.reasoning
-        # Priced as `store.rows.cost_for` prices the record: the model that answered first.
-        price = self._prices.lookup(ex.response_model or response.get("model") or ex.model)
-        if price is None or tokens is None:
-            if _should_cost(ex, usage):
-                series.unpriced_held += 1
-        else:
-            series.cost_held += cost_of(price, tokens)
+        if ex.cost_usd is not None:
+            series.cost_held += ex.cost_usd
+        elif _should_cost(ex, usage):
+            series.unpriced_held += 1
         fingerprint = ex.system_fingerprint
         if fingerprint:
             where = (ex.upstream, series.model)

@@ -28,7 +28,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from proxy.config import Config
 from proxy.exchange import Exchange
-from proxy.pricing import PriceTable, cost_for, normalize_usage
 from proxy.sinks.otlp_content import content_attributes
 
 log = logging.getLogger(__name__)
@@ -112,14 +111,14 @@ class SpanBuilder:
     """Spans of exchanges; content only when `content` and the client omitted nothing."""
 
     def __init__(self, config: Config) -> None:
-        self._prices = PriceTable.load(config.prices)
         self._content = config.otlp_content
         self._max_bytes = config.otlp_content_max_bytes
         self._servers: dict[str, str] = {}
 
     def span(self, ex: Exchange) -> Span:
         op = operation(ex.path)
-        name = f"{op} {ex.model}" if ex.model else op
+        model = ex.model_name
+        name = f"{op} {model}" if model else op
         found = parent(ex.traceparent)
         trace_id, parent_id = found if found is not None else (os.urandom(16), b"")
         start = int(ex.started_at * 1e9)
@@ -159,11 +158,10 @@ class SpanBuilder:
             yield "gen_ai.response.id", response_id
         if reasons := _finish_reasons(response):
             yield "gen_ai.response.finish_reasons", reasons
-        usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
-        tokens = normalize_usage(usage)
+        tokens = ex.tokens
         if tokens is not None:
-            yield "gen_ai.usage.input_tokens", tokens.prompt
-            yield "gen_ai.usage.output_tokens", tokens.completion
+            yield "gen_ai.usage.input_tokens", tokens.input
+            yield "gen_ai.usage.output_tokens", tokens.output
             yield "gen_ai.usage.cache_read.input_tokens", tokens.cached
             yield "gen_ai.usage.reasoning.output_tokens", tokens.reasoning
         yield "gen_ai.request.stream", ex.stream
@@ -174,12 +172,12 @@ class SpanBuilder:
             yield "http.response.status_code", ex.status
         if fingerprint := ex.system_fingerprint or _text(response.get("system_fingerprint")):
             yield "openai.response.system_fingerprint", fingerprint
-        if tier := _text(response.get("service_tier")):
+        if tier := ex.service_tier:
             yield "openai.response.service_tier", tier
         yield "flightrec.exchange_id", ex.id
-        cost, _ = cost_for(self._prices, ex.model, response_model, usage)
-        if cost is not None:
-            yield "flightrec.cost_usd", float(cost)
+        if ex.cost_usd is not None:
+            yield "flightrec.cost_usd", float(ex.cost_usd)
+            yield "flightrec.price_entry", ex.price_entry or ""
         if ex.usage_source:
             yield "flightrec.usage_source", ex.usage_source
         if ex.ttft_ms is not None:

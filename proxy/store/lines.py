@@ -14,6 +14,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.store.bodies import stored_bodies
 from proxy.stream.rawcopy import compress_whole
+from proxy.usage import Usage
 
 _VERSION = 1
 _FIELDS = tuple(f.name for f in fields(Exchange))
@@ -25,6 +26,8 @@ def encode(ex: Exchange) -> bytes:
     bodies = stored_bodies(ex)
     record["request_json"] = bodies.request
     record["response_json"] = bodies.response
+    if ex.tokens is not None:
+        record["tokens"] = list(ex.tokens)
     for name in _BYTES_FIELDS:
         raw = getattr(bodies, name)
         record[name] = None if raw is None else base64.b64encode(raw).decode("ascii")
@@ -51,6 +54,8 @@ def decode(line: bytes) -> Exchange:
     if record.get("raw_stream") is not None:  # a line written before streams were compressed
         raw = base64.b64decode(record["raw_stream"], validate=True)
         kwargs["raw_stream_gz"] = compress_whole(raw)
+    if isinstance(kwargs.get("tokens"), list):
+        kwargs["tokens"] = Usage(*kwargs["tokens"])
     if isinstance(kwargs.get("raw_pacing"), list):
         kwargs["raw_pacing"] = [tuple(pair) for pair in kwargs["raw_pacing"]]
     try:

@@ -128,15 +128,44 @@ async def get_exchange(engine: AsyncEngine, exchange_id: str) -> dict[str, Any]:
             row = matches[0] if matches else None
         if row is None:
             raise StoreError(f"no exchange with id {exchange_id!r}")
-        query = sa.select(t.usage.c.raw).where(t.usage.c.exchange_id == row["id"])
-        usage = (await conn.execute(query)).scalar()
+        query = sa.select(*usage_columns()).where(t.usage.c.exchange_id == row["id"])
+        usage = (await conn.execute(query)).mappings().first()
         tags = (await _tags(conn, [row["id"]]))[row["id"]]
     return exchange_record(row, usage, tags)
 
 
+TOKEN_COLUMNS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "prompt_audio_tokens",
+    "cached_audio_tokens",
+    "prompt_image_tokens",
+    "cached_image_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "completion_audio_tokens",
+    "completion_image_tokens",
+    "total_tokens",
+)
+"""The decoded usage columns `show` gives as `tokens` (each without `_tokens`)."""
+
+
+def usage_columns() -> list[Any]:
+    """The `usage` columns `exchange_record` reads, labelled `usage_<column>`."""
+    return [t.usage.c[name].label(f"usage_{name}") for name in ("raw", *TOKEN_COLUMNS)]
+
+
+def _tokens(usage: Any) -> dict[str, int | None] | None:
+    """The usage as decoded when the exchange completed (`proxy.usage`), by class."""
+    if usage is None or usage["usage_raw"] is None:
+        return None
+    return {name.removesuffix("_tokens"): usage[f"usage_{name}"] for name in TOKEN_COLUMNS}
+
+
 def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any]:
-    """The `show --json` object from an `exchanges` row (a mapping), its usage and tags;
-    `export --format jsonl` writes the same object."""
+    """The `show --json` object from an `exchanges` row (a mapping), its `usage_columns`
+    (a mapping, or None) and tags; `export --format jsonl` writes the same object."""
     return {
         "id": row["id"],
         "started_at": _iso(row["started_at"]),
@@ -157,8 +186,10 @@ def exchange_record(row: Any, usage: Any, tags: dict[str, str]) -> dict[str, Any
         "response_omitted": row["response_omitted"],
         "content_type": row["content_type"],
         "response_bytes": row["response_bytes"],
-        "usage": usage,
+        "usage": None if usage is None else usage["usage_raw"],
+        "tokens": _tokens(usage),
         "usage_source": row["usage_source"],
+        "service_tier": row["service_tier"],
         "cost_usd": row["cost_usd"],
         "price_entry": row["price_entry"],
         "tags": tags,
@@ -212,7 +243,7 @@ def render_table(summaries: list[dict[str, Any]]) -> str:
             (
                 _utc(s["started_at"]),
                 s["id"],
-                s["model"] or "-",
+                s["response_model"] or s["model"] or "-",  # the one model name
                 "-" if s["status"] is None else str(s["status"]),
                 s["outcome"] + (" stream" if s["stream"] else ""),
                 tokens,
@@ -235,9 +266,20 @@ def _pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
 
 
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _cost(shown: dict[str, Any]) -> str:
+    """The cost and where its price came from; "unpriced" for usage no price covers."""
+    if shown["cost_usd"] is None:
+        return "unpriced" if shown["usage"] is not None else "-"
+    return f"${shown['cost_usd']:.9f} ({shown['price_entry']})"
+
+
 def render_exchange(shown: dict[str, Any]) -> str:
     """`show` for people: a header of facts, then the request and response bodies."""
-    usage = shown["usage"] or {}
+    tokens = shown["tokens"] or {}
     facts = [
         ("id", shown["id"]),
         ("started", f"{_utc(shown['started_at'])} UTC ({shown['started_at']})"),
@@ -249,15 +291,17 @@ def render_exchange(shown: dict[str, Any]) -> str:
         ("model", f"{shown['model']} -> {shown['response_model']}"),
         (
             "usage",
-            f"{usage.get('prompt_tokens', '-')} prompt, "
-            f"{usage.get('completion_tokens', '-')} completion ({shown['usage_source']})",
+            f"{_count(tokens.get('prompt'))} prompt ({_count(tokens.get('cached'))} cached), "
+            f"{_count(tokens.get('completion'))} completion "
+            f"({_count(tokens.get('reasoning'))} reasoning) ({shown['usage_source']})",
         ),
         (
             "timings",
             f"ttfb {_ms(shown['ttfb_ms'])} ms, ttft {_ms(shown['ttft_ms'])} ms, "
             f"total {_ms(shown['duration_ms'])} ms, {shown['chunks']} chunks",
         ),
-        ("cost", "-" if shown["cost_usd"] is None else f"${shown['cost_usd']:.6f}"),
+        ("cost", _cost(shown)),
+        ("tier", shown["service_tier"]),
         ("user", shown["user"]),
         ("key", shown["key_hint"]),
         ("tags", ", ".join(f"{k}={v}" for k, v in shown["tags"].items()) or None),

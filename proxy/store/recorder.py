@@ -36,7 +36,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.config import Config
 from proxy.exchange import Exchange
-from proxy.pricing import PriceTable
 from proxy.store import check_writable
 from proxy.store.backlog import Backlog, Batch
 from proxy.store.engine import (
@@ -94,7 +93,6 @@ class DatabaseRecorder:
         self._busy_timeout_ms = busy_timeout_ms
         self._writer: Writer | None = None
         # Config was validated at load, so this cannot raise for a Config from `config.load`.
-        self._prices = PriceTable.load(config.prices)
         self.journal = Journal(config.spool_path, config.journal_max_bytes)
         self.losses = Losses(self.journal)
         self.backlog = Backlog(self.journal, self.losses, config.queue_size)
@@ -307,7 +305,7 @@ class DatabaseRecorder:
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:
-                rows.append((ex, rows_for(ex, self._prices)))
+                rows.append((ex, rows_for(ex)))
             except Exception as exc:
                 self.journal.set_aside(ex, f"cannot build rows: {exc!r}")
             await turns.give()

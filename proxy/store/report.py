@@ -1,11 +1,9 @@
-"""The spend report behind `flightrec cost`, and `--reprice`.
+"""The spend report behind `flightrec cost` (`reprice.py` does `--reprice`).
 
 `cost_report` is one SQL statement per call: `exchanges` joined with `usage` (and with `tags`
 for `--by tag:<k>` or `--tag` filters), aggregated by the database, so a report over millions
 of exchanges never brings a row into Python; beside it (UNION ALL) the same groups of the
-daily rollups that pruned exchanges left (`rollups.py`). `reprice` walks the stored exchanges
-by id in batches and re-prices each with today's table (`rows.cost_for`, as the writer does);
-rollups keep the cost their exchanges had when pruned.
+daily rollups that pruned exchanges left (`rollups.py`).
 
 What the report counts (the README's *Cost* section says it for users):
 
@@ -28,19 +26,16 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.pricing import PriceTable, cost_for
 from proxy.store import rollups
 from proxy.store import tables as t
 from proxy.store.cost import NANO, cost_nano, group_column, is_unpriced, merge, parse_by
 from proxy.store.filters import Filters
-from proxy.store.rows import batch_cost
 from proxy.text import printable, spreadsheet_text
 
 COLUMNS = (
@@ -142,83 +137,6 @@ def total(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[column] = sum(values)
     return out
-
-
-@dataclass(slots=True)
-class Repriced:
-    seen: int = 0
-    """Exchanges looked at."""
-    changed: int = 0
-    """Exchanges whose `cost_usd` or `price_entry` changed."""
-
-
-async def reprice(
-    engine: AsyncEngine,
-    prices: PriceTable,
-    filters: Filters | None = None,
-    *,
-    batch_size: int = 5000,
-) -> Repriced:
-    """Recompute `cost_usd`/`price_entry` of stored exchanges with `prices`.
-
-    Walks exchanges by id (keyset), one transaction per batch, so the proxy can go on writing
-    between batches; only rows whose cost or entry changed are updated.
-    """
-    ex, usage, booked = t.exchanges, t.usage, t.batch_results
-    where = (filters or Filters()).where()
-    batch = booked.c.line_id.is_not(None).label("batch")
-    query = (
-        sa.select(
-            ex.c.id,
-            ex.c.model,
-            ex.c.response_model,
-            ex.c.cost_usd,
-            ex.c.price_entry,
-            usage.c.raw,
-            batch,
-        )
-        .select_from(
-            ex.outerjoin(usage, usage.c.exchange_id == ex.c.id).outerjoin(
-                booked, booked.c.exchange_id == ex.c.id
-            )
-        )
-        .where(*where)
-        .order_by(ex.c.id)
-        .limit(batch_size)
-    )
-    update = (
-        sa.update(ex)
-        .where(ex.c.id == sa.bindparam("b_id"))
-        .values(cost_usd=sa.bindparam("b_cost"), price_entry=sa.bindparam("b_entry"))
-    )
-    done = Repriced()
-    last: str | None = None
-    while True:
-        async with engine.begin() as conn:
-            page = query if last is None else query.where(ex.c.id > last)
-            found = (await conn.execute(page)).all()
-            if not found:
-                return done
-            done.seen += len(found)
-            last = found[-1].id
-            changes = _changes(prices, found)
-            done.changed += len(changes)
-            await _update(conn, update, changes)
-
-
-def _changes(prices: PriceTable, found: Iterable[Any]) -> list[dict[str, Any]]:
-    changes = []
-    for row in found:
-        price = batch_cost if row.batch else cost_for  # a batch result keeps batch rates
-        cost, entry = price(prices, row.model, row.response_model, row.raw)
-        if (cost, entry) != (row.cost_usd, row.price_entry):
-            changes.append({"b_id": row.id, "b_cost": cost, "b_entry": entry})
-    return changes
-
-
-async def _update(conn: AsyncConnection, update: Any, changes: list[dict[str, Any]]) -> None:
-    if changes:
-        await conn.execute(update, changes)
 
 
 def usd(value: Decimal | None) -> str:

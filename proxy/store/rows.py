@@ -1,13 +1,11 @@
 """Exchanges into rows: pure, no I/O. Each row is a dict keyed by its table's column names.
 
 `rows_for` builds every row of one exchange (the exchange, tags, completion, choices, usage,
-logprobs, raw stream, fingerprint count), priced with `cost_for`. Row building tolerates any
-JSON shape: a vendor's odd response loses its projection rows, never its record. The writers
+logprobs, raw stream, fingerprint count) from the exchange's settled figures: its decoded
+usage, cost and price entry (`proxy.sinks.settle`). Row building tolerates any JSON shape: a
+vendor's odd response loses its projection rows, never its record. The writers
 (`sqlite_writer`, `pg_writer`) take rows by name; `records` turns them into the drivers'
 tuples in the table's column order, the one place that order matters.
-
-Pricing is here, not in `pricing.py`, because it fills two columns by a storage rule (the
-answering model is priced, `price_entry`'s text); `flightrec cost --reprice` reuses it.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from typing import Any
 import sqlalchemy as sa
 
 from proxy.exchange import Exchange
-from proxy.pricing import PriceTable, cost_for, shipped_prices
 from proxy.store import tables as t
 from proxy.store.batch_rows import BatchRows, batch_rows, booking_row
 from proxy.store.bodies import stored_bodies
@@ -31,6 +28,7 @@ from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
 from proxy.store.logprob_rows import Record, logprob_records
 from proxy.store.threads import keys
+from proxy.usage import Usage
 
 Row = dict[str, Any]
 """One row: column name to value; JSON columns as text, times as aware datetimes."""
@@ -102,39 +100,22 @@ def _body_json(parsed: Any, raw: bytes | None) -> str | None:
     return dumps(parsed)
 
 
-def batch_cost(
-    prices: PriceTable, model: str | None, response_model: str | None, usage: Any
-) -> tuple[float | None, str | None]:
-    """`cost_for` at Batch API rates: OpenAI bills a batch's requests at half the standard
-    rates of every token class. Until the price table carries batch rates of its own, they are
-    the standard ones halved (exact: halving a float only lowers its exponent)."""
-    cost, entry = cost_for(prices, model, response_model, usage)
-    if cost is None:
-        return None, None
-    return cost / 2, f"{entry} batch"
-
-
-def rows_for(ex: Exchange, prices: PriceTable | None = None) -> Rows:
-    """The rows of one exchange, priced with `prices` (default: the shipped table); a Batch API
-    result line at batch rates, with the row that books it."""
-    prices = prices or shipped_prices()
-    rows = _rows(ex, prices)
+def rows_for(ex: Exchange) -> Rows:
+    """The rows of one exchange, with the figures it was settled with; a Batch API result line
+    with the row that books it."""
+    rows = _rows(ex)
     line = ex.batch_line
     if line is None:
         rows.batch = batch_rows(ex)
-        return rows
-    row = rows.exchange
-    row["cost_usd"], row["price_entry"] = batch_cost(
-        prices, row["model"], row["response_model"], ex.usage
-    )
-    rows.booking = booking_row(ex.id, line)
+    else:
+        rows.booking = booking_row(ex.id, line)
     return rows
 
 
-def _rows(ex: Exchange, prices: PriceTable) -> Rows:
+def _rows(ex: Exchange) -> Rows:
     response = _dict(ex.response_json)
     usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
-    rows = Rows(_exchange_row(ex, response, usage, prices))
+    rows = Rows(_exchange_row(ex, response))
     exchange_id = ex.id
     if ex.tags:
         rows.tags = [
@@ -143,7 +124,7 @@ def _rows(ex: Exchange, prices: PriceTable) -> Rows:
             if isinstance(key, str)
         ]
     if usage is not None:
-        rows.usage.append(usage_row(exchange_id, usage))
+        rows.usage.append(usage_row(exchange_id, usage, ex.tokens))
     # Choices and logprobs are the response's content: an omitted response has none of them.
     if _is_chat_completion(response) and not ex.omit_response:
         _completion_rows(exchange_id, response, rows)
@@ -168,13 +149,10 @@ def _rows(ex: Exchange, prices: PriceTable) -> Rows:
     return rows
 
 
-def _exchange_row(
-    ex: Exchange, response: dict[str, Any], usage: dict[str, Any] | None, prices: PriceTable
-) -> Row:
+def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
     bodies = stored_bodies(ex)
     model = _text(ex.model)
     response_model = _text(ex.response_model) or _text(response.get("model"))
-    cost, entry = cost_for(prices, model, response_model, usage)
     return {
         "id": ex.id,
         "started_at": datetime.fromtimestamp(ex.started_at, UTC),
@@ -210,39 +188,52 @@ def _exchange_row(
         "system_fingerprint": _text(ex.system_fingerprint)
         or _text(response.get("system_fingerprint")),
         "parse_errors": _json(list(ex.parse_errors) or None),
-        "cost_usd": cost,
-        "price_entry": entry,
+        "cost_usd": _float(ex.cost_usd),
+        "price_entry": _text(ex.price_entry),
         "redacted": _json(ex.redacted),
         "session": _text(ex.session),
         **dict(zip(("turn_key", "parent_key"), keys(ex.request_json, response), strict=True)),
+        "service_tier": _text(ex.service_tier),
     }
 
 
-def usage_row(exchange_id: str, usage: dict[str, Any]) -> Row:
-    """Every usage detail as a column; Chat Completions and Responses API names both map."""
-    prompt = _dict(usage.get("prompt_tokens_details")) or _dict(usage.get("input_tokens_details"))
-    completion = _dict(usage.get("completion_tokens_details")) or _dict(
-        usage.get("output_tokens_details")
+def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Row:
+    """The usage as reported (`raw`) and as decoded (`tokens`: None for a shape we cannot
+    read, whose columns stay empty)."""
+    values = _NO_TOKENS if tokens is None else tokens
+    row: Row = {"exchange_id": exchange_id}
+    for column, index in _USAGE_COLUMNS:
+        if index < 0:
+            row[column] = dumps(usage)
+            continue
+        value = values[index]
+        # Decoded counts are never negative; one past the column's range is not kept.
+        row[column] = value if value is None or value < _INT32 else None
+    return row
+
+
+_USAGE_COLUMNS = tuple(
+    (column, Usage._fields.index(name) if name else -1)
+    for column, name in (
+        ("prompt_tokens", "input"),
+        ("completion_tokens", "output"),
+        ("total_tokens", "total"),
+        ("cached_tokens", "cached"),
+        ("prompt_audio_tokens", "input_audio"),
+        ("reasoning_tokens", "reasoning"),
+        ("completion_audio_tokens", "output_audio"),
+        ("accepted_prediction_tokens", "accepted_prediction"),
+        ("rejected_prediction_tokens", "rejected_prediction"),
+        ("raw", ""),
+        ("cache_write_tokens", "cache_write"),
+        ("cached_audio_tokens", "cached_audio"),
+        ("prompt_image_tokens", "input_image"),
+        ("cached_image_tokens", "cached_image"),
+        ("completion_image_tokens", "output_image"),
     )
-    prompt_tokens = _int(usage.get("prompt_tokens"))
-    if prompt_tokens is None:
-        prompt_tokens = _int(usage.get("input_tokens"))
-    completion_tokens = _int(usage.get("completion_tokens"))
-    if completion_tokens is None:
-        completion_tokens = _int(usage.get("output_tokens"))
-    return {
-        "exchange_id": exchange_id,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": _int(usage.get("total_tokens")),
-        "cached_tokens": _int(prompt.get("cached_tokens")),
-        "prompt_audio_tokens": _int(prompt.get("audio_tokens")),
-        "reasoning_tokens": _int(completion.get("reasoning_tokens")),
-        "completion_audio_tokens": _int(completion.get("audio_tokens")),
-        "accepted_prediction_tokens": _int(completion.get("accepted_prediction_tokens")),
-        "rejected_prediction_tokens": _int(completion.get("rejected_prediction_tokens")),
-        "raw": dumps(usage),
-    }
+)
+"""`usage` columns, in the table's order, and the `Usage` field each holds (`raw`: -1)."""
+_NO_TOKENS = (None,) * len(Usage._fields)
 
 
 def _is_chat_completion(response: dict[str, Any]) -> bool:

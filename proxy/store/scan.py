@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.store import tables as t
 from proxy.store.engine import StoreError, dumps
 from proxy.store.filters import Filters
-from proxy.store.read import _tags, exchange_record
+from proxy.store.read import _tags, exchange_record, usage_columns
 
 BATCH = 500
 
@@ -45,7 +45,7 @@ async def stream_records(
     """Full `show --json` records, oldest first; with `raw_streams`, each also carries
     `raw_stream`: the bytes a stream's client received (None when not kept)."""
     ex, usage, raw = t.exchanges, t.usage, t.raw_streams
-    columns: list[Any] = [ex, usage.c.raw.label("usage_raw")]
+    columns: list[Any] = [ex, *usage_columns()]
     joined = ex.outerjoin(usage, usage.c.exchange_id == ex.c.id)
     if raw_streams:
         columns.append(raw.c.gz.label("raw_gz"))
@@ -63,7 +63,7 @@ async def stream_records(
         async for rows in result.mappings().partitions():
             tags = await _tags(conn, [row["id"] for row in rows])
             for row in rows:
-                record = exchange_record(row, row["usage_raw"], tags[row["id"]])
+                record = exchange_record(row, row, tags[row["id"]])
                 if raw_streams:
                     gz = row["raw_gz"]
                     record["raw_stream"] = None if gz is None else gzip.decompress(gz)

@@ -90,6 +90,7 @@ exchanges = sa.Table(
     sa.Column("system_fingerprint", sa.String()),
     sa.Column("parse_errors", Json),
     sa.Column("cost_usd", sa.Double()),
+    # Where the price came from, e.g. "genai-prices 0.2.3 openai/gpt-5 flex" (SPEC 5).
     sa.Column("price_entry", sa.String()),
     # Which `[[redact]]` rules matched, and what was not kept (migration 0005).
     sa.Column("redacted", Json),
@@ -98,6 +99,8 @@ exchanges = sa.Table(
     # What a next turn names and what this one names (`threads.py`, migration 0008).
     sa.Column("turn_key", sa.String()),
     sa.Column("parent_key", sa.String()),
+    # The service tier the response reported, which chose the price (migration 0007).
+    sa.Column("service_tier", sa.String()),
     sa.Index(None, "started_at"),
     sa.Index(None, "model", "started_at"),
     sa.Index(None, "key_hash", "started_at"),
@@ -160,6 +163,12 @@ usage = sa.Table(
     sa.Column("accepted_prediction_tokens", sa.Integer()),
     sa.Column("rejected_prediction_tokens", sa.Integer()),
     sa.Column("raw", Json, nullable=False),
+    # The token classes genai-prices prices apart (migration 0007).
+    sa.Column("cache_write_tokens", sa.Integer()),
+    sa.Column("cached_audio_tokens", sa.Integer()),
+    sa.Column("prompt_image_tokens", sa.Integer()),
+    sa.Column("cached_image_tokens", sa.Integer()),
+    sa.Column("completion_image_tokens", sa.Integer()),
 )
 
 logprobs = sa.Table(

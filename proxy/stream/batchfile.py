@@ -186,6 +186,7 @@ def result_exchange(
     usage = body.get("usage")
     ex.usage = usage if isinstance(usage, dict) else None
     ex.usage_source = "reported" if ex.usage is not None else None
+    ex.batch = True  # priced at batch rates when it is settled
     custom_id = text(line.get("custom_id"))
     ex.batch_line = {
         "line_id": text(line.get("id")) or f"{file_id}:{custom_id}",

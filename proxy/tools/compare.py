@@ -86,14 +86,10 @@ def _finish_reasons(response: Any) -> list[Any]:
     return reasons
 
 
-def _tokens(usage: Any, *names: str) -> int | None:
-    if not isinstance(usage, dict):
-        return None
-    for name in names:
-        value = usage.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+def _tokens(tokens: Any, name: str) -> int | None:
+    """One count of `show`'s `tokens` (the usage as decoded when the exchange completed)."""
+    value = tokens.get(name) if isinstance(tokens, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _delta(new: float | None, old: float | None, digits: int) -> float | None:
@@ -146,14 +142,10 @@ def compare(original: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any
         else _stripped(old) == _stripped(new)
     )
     old_fp, new_fp = original["system_fingerprint"], replayed["system_fingerprint"]
-    old_usage, new_usage = original["usage"], replayed["usage"]
+    old_tokens, new_tokens = original["tokens"], replayed["tokens"]
     usage_delta = {
-        name: _delta(_tokens(new_usage, *names), _tokens(old_usage, *names), 0)
-        for name, names in (
-            ("prompt_tokens", ("prompt_tokens", "input_tokens")),
-            ("completion_tokens", ("completion_tokens", "output_tokens")),
-            ("total_tokens", ("total_tokens",)),
-        )
+        f"{name}_tokens": _delta(_tokens(new_tokens, name), _tokens(old_tokens, name), 0)
+        for name in ("prompt", "completion", "total")
     }
     return {
         "original": original["id"],

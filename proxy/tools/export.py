@@ -52,6 +52,7 @@ CSV_COLUMNS = (
     "system_fingerprint", "upstream_request_id", "user", "key_hint", "replay_of", "tags",
     "request", "response",
 )  # fmt: skip
+_TOKEN_CELLS = [column for column in CSV_COLUMNS if column.endswith("_tokens")]
 _JSON = orjson.OPT_NON_STR_KEYS
 
 Write = Callable[[bytes], Any]
@@ -70,8 +71,8 @@ def _csv_cell(value: Any) -> str:
 
 
 def csv_row(record: dict[str, Any]) -> list[str]:
-    usage = record["usage"] if isinstance(record["usage"], dict) else {}
-    values = {**record, **{k: usage.get(k) for k in CSV_COLUMNS if k.endswith("_tokens")}}
+    tokens = record.get("tokens") or {}
+    values = {**record, **{k: tokens.get(k.removesuffix("_tokens")) for k in _TOKEN_CELLS}}
     return [_csv_cell(values[column]) for column in CSV_COLUMNS]
 
 

@@ -18,20 +18,21 @@ from openai.types import Batch
 
 from proxy.config import Config, Upstream
 from proxy.exchange import Exchange
-from proxy.pricing import PriceTable
+from proxy.pricing import Prices
 from proxy.relay.app import build_app, make_runner
 from proxy.sinks.fanout import MemoryRecorder, Sinks
 from proxy.store import upgrade
 from proxy.store.batch_rows import batch_rows, file_part
 from proxy.store.read import reading
 from proxy.store.recorder import DatabaseRecorder
-from proxy.store.report import reprice
+from proxy.store.reprice import reprice
 from proxy.stream.batchfile import ResultLines, lines
 
 from .. import dbs
 from ..batchkit import (
     COST_1,
     COST_2,
+    CREATED,
     ERRORS,
     INPUT,
     INPUT_LINES,
@@ -146,7 +147,8 @@ async def test_each_result_is_booked_once_at_batch_rates(
     rows = as_json(await booked(db_url))
     assert rows == expected(batch_id)
     async with reading(db_url) as engine:  # repricing keeps batch rates
-        assert (await reprice(engine, PriceTable.load())).changed == 0
+        done = await reprice(engine, Prices())
+        assert sum(change.changed for change in done.models.values()) == 0
     assert as_json(await booked(db_url)) == rows
     requests = await query(db_url, "SELECT custom_id, line, model FROM batch_requests ORDER BY 1")
     assert requests == [
@@ -322,5 +324,5 @@ def test_result_lines_read_in_any_pieces_keep_only_the_open_line() -> None:
     assert emitted[3].error == (
         "This request could not be executed before the completion window expired."
     )
-    assert emitted[0].started_at == 1_764_000_001  # when the provider made it
+    assert emitted[0].started_at == CREATED + 1  # when the provider made it
     assert emitted[0].path == "/v1/chat/completions" and emitted[0].upstream_request_id == "req_b1"

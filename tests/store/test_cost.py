@@ -32,7 +32,7 @@ from proxy.store.report import cost_report, total, usd
 from tests import dbs
 from tests.cli.test_cli_store import cli
 from tests.conftest import FakeUpstream, Sdk, completion, start_site
-from tests.dbs import chat_exchange
+from tests.dbs import chat_exchange, chat_usage
 from tests.relay.test_record_e2e import query
 from tests.stream.test_other_endpoints import RESPONSE, TEXT_PIECES, as_sse, responses_events
 from tests.streamgen import chunks_to_sse, completion_to_chunks
@@ -42,16 +42,6 @@ db_url = dbs.db_url  # fixture
 KEY_A = "sk-proj-teamAsecret0000000000AAAA"
 KEY_B = "sk-proj-teamBsecret0000000000BBBB"
 HOUSE_PRICES = '[prices."house-model"]\ninput = 0.5\ncached_input = 0.05\noutput = 1.5\n'
-
-
-def chat_usage(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0},
-    }
 
 
 @dataclass(frozen=True)
@@ -70,7 +60,7 @@ MODELS = {
     "text-embedding-3-small": Model("text-embedding-3-small", {"prompt_tokens": 5}),
 }  # fmt: skip
 
-# Hand-computed, USD per 1M tokens x tokens (prices from proxy/prices.toml and HOUSE_PRICES).
+# Hand-computed, USD per 1M tokens x tokens (genai-prices 0.2.3's data and HOUSE_PRICES).
 GPT_4O_MINI = Decimal("0.00024")  # gpt-4o-mini by prefix: 600 x 0.15 + 400 x 0.075 + 200 x 0.60
 GPT_5_MINI = Decimal("0.0019625")  # 500 x 0.25 + 1500 x 0.025 + 900 (700 reasoning) x 2.00
 HOUSE = Decimal("0.000165")  # config entry: 200 x 0.5 + 100 x 0.05 + 40 x 1.5
@@ -269,13 +259,15 @@ async def test_every_stored_cost_is_the_hand_computed_one(recorded: Recorded) ->
             assert cost == float(expected), (path, cost, expected)
             assert abs(Decimal(cost) - expected) < Decimal("1e-9")
     entries = {(row[0], row[3]): row[1:] for row in rows.values()}
-    assert entries[float(GPT_4O_MINI), "/v1/chat/completions"][0].startswith("gpt-4o-mini (table:")
+    assert entries[float(GPT_4O_MINI), "/v1/chat/completions"][0] == (
+        "genai-prices 0.2.3 openai/gpt-4o-mini standard"
+    )
     assert entries[float(GPT_5_MINI), "/v1/chat/completions"][1:] == (
         "reported", "/v1/chat/completions", 2000, 1500, 900, 700
     )  # fmt: skip
-    assert entries[float(HOUSE), "/v1/chat/completions"][0] == "house-model (config)"
+    assert entries[float(HOUSE), "/v1/chat/completions"][0] == "config house-model"
     assert entries[float(EMBEDDING), "/v1/embeddings"][:2] == (
-        "text-embedding-3-small (table:2026-11-22)", "reported"
+        "genai-prices 0.2.3 openai/text-embedding-3-small standard", "reported"
     )  # fmt: skip
     unknown = [rows[i] for i, cost in recorded.expected.items() if cost is None]
     # The unknown model has usage and no cost; /models has neither and is not unpriced.
@@ -302,7 +294,7 @@ async def test_responses_api_usage_cost_and_text(recorded: Recorded) -> None:
     assert len(responses) == 2
     for exchange_id in responses:
         assert rows[exchange_id][0] == float(RESPONSES)
-        assert rows[exchange_id][1].startswith("gpt-4.1 (table:")
+        assert rows[exchange_id][1] == "genai-prices 0.2.3 openai/gpt-4.1 standard"
         assert rows[exchange_id][4:] == (36, 12, 87, 0)
         code, out, err = await flightrec(
             "show", exchange_id, "--json", "--config", str(recorded.config_path)
@@ -371,7 +363,7 @@ async def test_reprice_applies_changed_config_prices(recorded: Recorded, tmp_pat
     cheaper += '[prices."acme-7b"]\ninput = 1\noutput = 2\n'
     changed = write_config(tmp_path / "changed.toml", recorded.db_url, cheaper)
     code, _, err = await flightrec("cost", "--reprice", "--config", str(changed))
-    assert code == 0 and err.strip() == f"repriced {len(EXPECTED)} exchanges: 2 changed", err
+    assert code == 0 and err.splitlines()[0] == f"repriced {len(EXPECTED)} exchanges: 2 changed"
 
     house = Decimal("0.000265")  # 200 x 1.0 + 100 x 0.05 + 40 x 1.5
     acme = Decimal("0.00007")  # 50 x 1 + 10 x 2
@@ -380,13 +372,44 @@ async def test_reprice_applies_changed_config_prices(recorded: Recorded, tmp_pat
     assert (by_model["acme-7b"]["cost_usd"], by_model["acme-7b"]["unpriced_requests"]) == (acme, 0)
     assert sum(row["cost_usd"] for row in by_model.values()) == TOTAL - HOUSE + house + acme
     entries = {row[1] for row in (await stored(recorded.db_url)).values()}
-    assert {"house-model (config)", "acme-7b (config)"} <= entries
+    assert {"config house-model", "config acme-7b"} <= entries
 
     code, _, err = await flightrec("cost", "--reprice", "--config", str(changed))
-    assert err.strip() == f"repriced {len(EXPECTED)} exchanges: 0 changed"
+    assert err.splitlines()[0] == f"repriced {len(EXPECTED)} exchanges: 0 changed"
     code, _, err = await flightrec("cost", "--reprice", "--config", str(recorded.config_path))
-    assert err.strip() == f"repriced {len(EXPECTED)} exchanges: 2 changed"
+    assert err.splitlines()[0] == f"repriced {len(EXPECTED)} exchanges: 2 changed"
     assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == TOTAL
+
+
+async def test_reprice_dry_run_says_what_would_change_and_writes_nothing(
+    recorded: Recorded, tmp_path: Path
+) -> None:
+    dearer = HOUSE_PRICES.replace("input = 0.5", "input = 1.0")
+    dearer += '[prices."acme-7b"]\ninput = 1\noutput = 2\n'
+    changed = write_config(tmp_path / "changed.toml", recorded.db_url, dearer)
+    before = await stored(recorded.db_url)
+    code, _, err = await flightrec("cost", "--reprice", "--dry-run", "--config", str(changed))
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0] == (
+        f"repriced {len(EXPECTED)} exchanges: 2 would change (dry run: nothing written)"
+    )
+    table = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    # house-model: 0.000165 -> 0.000265 (200 x 1.0 + 100 x 0.05 + 40 x 1.5 per 1M);
+    # acme-7b: unpriced -> 0.00007 (50 x 1 + 10 x 2 per 1M).
+    assert table["house-model"] == ["1", "1", "0.000165", "0.000265", "0", "0"]
+    assert table["acme-7b"] == ["1", "1", "0", "0.00007", "1", "0"]
+    total = TOTAL + Decimal("0.0001") + Decimal("0.00007")
+    assert table["TOTAL"] == [str(len(EXPECTED)), "2", str(TOTAL), str(total), "1", "0"]
+    assert await stored(recorded.db_url) == before  # nothing written
+    assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == TOTAL
+
+    code, _, err = await flightrec("cost", "--reprice", "--config", str(changed))
+    assert err.splitlines()[0] == f"repriced {len(EXPECTED)} exchanges: 2 changed"
+    assert err.splitlines()[2:] == lines[2:]  # the same figures, now written
+    assert sum(row["cost_usd"] or 0 for row in await report(recorded)) == total
+    code, _, err = await flightrec("cost", "--dry-run")
+    assert code == 2 and "--dry-run goes with --reprice" in err
 
 
 async def report_rows(url: str, by: str, filters: Filters | None = None) -> list[dict[str, Any]]:
@@ -405,9 +428,9 @@ async def test_what_counts_as_unpriced(db_url: str) -> None:
     failed.usage_source, failed.response_json = None, {"error": {"message": "slow down"}}
     listed = Exchange.start("GET", "/v1/models", "", "openai")
     listed.user, listed.status, listed.response_json = "errors", 200, {"object": "list"}
-    # gpt-5.2 answered: never priced as gpt-5 (prefix rule), nor as the model asked for.
-    other = chat_exchange(model="gpt-5", user="other", response_model="gpt-5.2")
-    other.response_json = {**other.response_json, "model": "gpt-5.2"}
+    # gpt-5.9 answered: unknown to genai-prices, never priced as gpt-5 or the model asked for.
+    other = chat_exchange(model="gpt-5", user="other", response_model="gpt-5.9")
+    other.response_json = {**other.response_json, "model": "gpt-5.9"}
     for changed in (cut_short, failed, other):
         changed.response_body = None  # its JSON was changed here: no body text agrees with it
     await dbs.recorded(db_url, [priced, cut_short, failed, listed, other])
@@ -421,7 +444,7 @@ async def test_what_counts_as_unpriced(db_url: str) -> None:
         "other": (1, None, 1),
     }
     by_model = {row["group"] for row in await report_rows(db_url, "model")}
-    assert {"gpt-5.2", "gpt-4o-mini-2024-07-18"} <= by_model
+    assert {"gpt-5.9", "gpt-4o-mini-2024-07-18"} <= by_model
 
 
 async def test_groups_add_up_exactly_with_many_awkward_costs(db_url: str) -> None:

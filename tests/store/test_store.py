@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.exchange import Exchange
+from proxy.sinks.settle import settle
 from proxy.store import StoreError, create_engine, pg_writer, sqlite_writer, upgrade
 from proxy.store import tables as t
 from proxy.store.browse import list_exchanges
@@ -42,6 +43,8 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 async def write(engine: AsyncEngine, exchanges: list[Exchange]) -> int:
     writer = writer_for(engine)
     try:
+        for ex in exchanges:  # settled as `Sinks.accept` settles every exchange
+            settle(ex, dbs.PRICES)
         return await writer.write([rows_for(ex) for ex in exchanges])
     finally:
         await writer.close()
@@ -73,7 +76,7 @@ async def test_show_gives_back_what_was_recorded(engine: AsyncEngine) -> None:
     assert (shown["ttfb_ms"], shown["duration_ms"], shown["ttft_ms"]) == (120.5, 130.25, None)
     # gpt-4o-mini by prefix: 5 x 0.15 + 4 cached x 0.075 + 12 x 0.60 per 1M tokens
     assert (shown["cost_usd"], shown["replay_of"]) == (8.25e-06, None)
-    assert shown["price_entry"].startswith("gpt-4o-mini (table:")
+    assert shown["price_entry"] == "genai-prices 0.2.3 openai/gpt-4o-mini standard"
     assert shown["system_fingerprint"] == "fp_test"
     assert shown["upstream_request_id"] == "req_123"
     started = datetime.fromisoformat(shown["started_at"])
@@ -139,9 +142,10 @@ async def test_every_column_holds_the_field_it_is_named_for(engine: AsyncEngine)
         "session": "sess-42",
         "turn_key": stored["turn_key"],
         "parent_key": None,  # a first turn: no assistant message in the request
+        "service_tier": None,
     }
     assert stored["turn_key"].startswith("chat:")
-    assert stored["price_entry"].startswith("gpt-4o-mini (table:")
+    assert stored["price_entry"] == "genai-prices 0.2.3 openai/gpt-4o-mini standard"
     assert completion == {
         "exchange_id": ex.id,
         "completion_id": ex.response_json["id"],
@@ -174,7 +178,8 @@ async def test_every_usage_detail_is_a_column(engine: AsyncEngine) -> None:
     found = await rows(
         engine, f"SELECT {columns} FROM usage WHERE exchange_id = :i", i=responses.id
     )
-    assert tuple(found[0]) == (30, 7, 37, 10, None, 2, None, None, None)
+    # Decoded: a class the usage does not report counts 0; predictions are as reported.
+    assert tuple(found[0]) == (30, 7, 37, 10, 0, 2, 0, None, None)
     assert await rows(
         engine, "SELECT count(*) FROM completions WHERE exchange_id = :i", i=responses.id
     ) == [(0,)]

@@ -25,7 +25,7 @@ USAGE = {
     "output_tokens": 45,
     "total_tokens": 165,
 }
-# prices.toml gpt-4o-mini-transcribe: input 1.25, audio_input 3.00, output 5.00 per 1M tokens.
+# genai-prices 0.2.3, gpt-4o-mini-transcribe: input 1.25, input audio 3.00, output 5.00 per 1M.
 COST = Decimal("0.00055")  # 20 x 1.25 + 100 x 3.00 + 45 x 5.00
 STREAM_USAGE = {**USAGE, "input_tokens": 14, "input_token_details": {"audio_tokens": 14}}
 STREAM_COST = Decimal("0.000267")  # 14 x 3.00 + 45 x 5.00
@@ -82,7 +82,7 @@ async def test_transcriptions_are_recorded_with_their_model_and_priced(
         "e.request_body IS NOT NULL, u.prompt_tokens, u.completion_tokens "
         "FROM exchanges e JOIN usage u ON u.exchange_id = e.id ORDER BY e.id",
     )
-    entry = "gpt-4o-mini-transcribe (table:2026-11-22)"
+    entry = "genai-prices 0.2.3 openai/gpt-4o-mini-transcribe standard"
     # The answer names no model, so `response_model` stays null and the requested one is priced.
     assert rows == [
         (model, None, False, "ok", float(COST), entry, True, 120, 45),
