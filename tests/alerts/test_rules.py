@@ -22,7 +22,7 @@ def _load(tmp_path: Path, text: str) -> tuple[tuple[AlertRule, ...], tuple[Budge
 
 def test_the_example_tables_load(tmp_path: Path) -> None:
     text = EXAMPLE.read_text()
-    block = text[text.index("# [[alerts]]") : text.index("# Prices, in USD")]
+    block = text[text.index("# [[alerts]]") : text.index("# Names for API keys")]
     lines = re.findall(r"^# ((?:[a-z_]+ = .*)|(?:\[\[\w+\]\]))$", block, flags=re.MULTILINE)
     alerts, budgets = _load(tmp_path, "\n".join(lines))
     assert [(a.name, a.kind) for a in alerts] == [

@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.exchange import Exchange
+from proxy.sinks.settle import settle
 from proxy.store import create_engine
 from proxy.store.browse import ListFilters
 from proxy.store.facets import percentile
@@ -47,6 +49,9 @@ def traffic(now: float) -> list[Exchange]:
             duration_ms=100.0 + 40 * i,
             ttft_ms=30.0 + i if i % 2 else None,
         )
+        if model == "gpt-4o":  # a snapshot genai-prices knows, as OpenAI answers
+            ex.response_json["model"] = ex.response_model = "gpt-4o-2024-08-06"
+            ex.response_body = orjson.dumps(ex.response_json)
         if i % 7 == 3:
             ex.status, ex.outcome, ex.error = 500, "upstream_error", "boom"
         found.append(ex)
@@ -54,7 +59,10 @@ def traffic(now: float) -> list[Exchange]:
 
 
 async def write(url: str, exchanges: list[Exchange]) -> list[int]:
-    """Two batches, then the first again, as the journal may replay it; how many were new."""
+    """Two batches, then the first again, as the journal may replay it; how many were new.
+    Each exchange is settled first, as `Sinks.accept` settles every exchange."""
+    for ex in exchanges:
+        settle(ex, dbs.PRICES)
     engine = create_engine(url)
     writer = writer_for(engine)
     batches = [exchanges[:25], exchanges[25:], exchanges[:25]]
