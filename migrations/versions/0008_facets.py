@@ -3,7 +3,7 @@ that link a chat's or a Responses chain's turns into a session (`exchanges.turn_
 `parent_key`).
 
 Revision ID: 0008
-Revises: 0010
+Revises: 0009
 Create Date: 2026-11-27
 
 The writer adds each exchange it inserts to these rows (`proxy/store/facets.py`); this
@@ -25,7 +25,7 @@ from proxy.store import facets
 from proxy.store import tables as t
 
 revision: str = "0008"
-down_revision: str | None = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

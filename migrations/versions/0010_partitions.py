@@ -1,7 +1,7 @@
 """PostgreSQL: `exchanges` and its child tables partitioned by day (`store/partitions.py`).
 
 Revision ID: 0010
-Revises: 0009
+Revises: 0011
 Create Date: 2026-11-27
 
 Each of the seven tables is rebuilt, parents first: its keys and indexes are read from the
@@ -25,7 +25,7 @@ from alembic import op
 from proxy.store import partitions
 
 revision: str = "0010"
-down_revision: str | None = "0009"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

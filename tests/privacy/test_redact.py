@@ -24,6 +24,7 @@ from proxy.privacy import keep
 from proxy.privacy.keep import Keep
 from proxy.privacy.redact import PRESETS, Hits, Redactor, luhn, parse_rules
 from proxy.sinks.otlp import SpanBuilder
+from proxy.sinks.settle import settle
 from proxy.store import create_engine
 from tests import dbs
 from tests.recordings import answer_by_model, config_for, fake_upstream, record_two
@@ -344,6 +345,7 @@ def test_metadata_keeps_no_body_and_no_span_content() -> None:
         usage={"prompt_tokens": 1000, "completion_tokens": 1000},
     )
     config = replace(Config(), store_bodies="metadata", otlp_content=True)
+    settle(ex, dbs.PRICES)  # as Sinks.accept does, before Keep
     Keep(config)(ex)
     assert (ex.request_json, ex.request_body, ex.response_json, ex.response_body) == (None,) * 4
     assert ex.omit_request and ex.omit_response

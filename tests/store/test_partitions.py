@@ -28,7 +28,7 @@ from tests.store.test_recorder import query
 pg_url = dbs.pg_url  # fixture
 
 TODAY = datetime.now(UTC).date()
-BEFORE = "0009"
+BEFORE = "0011"
 """The revision migration 0010 follows."""
 TABLES = ("exchanges", "tags", "completions", "choices", "usage", "logprobs", "raw_streams")
 
