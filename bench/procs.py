@@ -217,13 +217,13 @@ def _launch_flightrec_memory(port: int, upstream: str, count_file: Path) -> None
         async def start(self) -> None:
             self._task = asyncio.create_task(self._publish())
 
-        def record(self, exchange: Exchange) -> None:
+        def accept(self, exchange: Exchange) -> None:
             self.counts["total"] += 1
             if exchange.outcome == "ok":
                 self.counts["ok"] += 1
                 self.counts["ok_streams"] += exchange.stream
 
-        async def close(self) -> None:
+        async def stop(self) -> None:
             if self._task is not None:
                 self._task.cancel()
             self._write()
