@@ -43,9 +43,9 @@ class Mutant:
 MUTANTS = [
     Mutant(
         "withhold-every-usage-event",
-        "proxy/stream/reader.py",
-        'if self._withhold and chunk.get("choices") == [] and chunk.get("usage"):',
-        'if self._withhold and chunk.get("usage"):',
+        "proxy/stream/withhold.py",
+        '    return chunk.get("choices") == [] and bool(chunk.get("usage"))',
+        '    return bool(chunk.get("usage"))',
         "vLLM's continuous usage: content chunks with usage withheld from the client",
     ),
     Mutant(
@@ -74,8 +74,8 @@ MUTANTS = [
     Mutant(
         "readyz-always-200",
         "proxy/relay/app.py",
-        '    if reason is None:\n        return web.json_response({"status": "ready"})',
-        '    if True:\n        return web.json_response({"status": "ready"})',
+        '    if reason is None:\n        return web.json_response({"status": "ready", **body})',
+        '    if True:\n        return web.json_response({"status": "ready", **body})',
         "/readyz says ready while the record cannot keep up",
     ),
     Mutant(
@@ -95,8 +95,8 @@ MUTANTS = [
     Mutant(
         "silent-upstream-as-disconnect",
         "proxy/relay/response.py",
-        '    except TimeoutError:\n        tee.exchange.outcome = "timeout"',
-        '    except TimeoutError:\n        tee.exchange.outcome = "upstream_disconnected"',
+        '    except TimeoutError:\n        tee.exchange.report("timeout",',
+        '    except TimeoutError:\n        tee.exchange.report("upstream_disconnected",',
         "an upstream gone silent mid-stream recorded as upstream_disconnected, not timeout",
     ),
     Mutant(
