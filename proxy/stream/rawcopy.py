@@ -29,9 +29,9 @@ def compress_whole(data: bytes | bytearray) -> bytes:
     shrinks ~24:1 (31:1 at level 6) at less than half the CPU.
 
     The window is the smallest that reaches back over all of `data` (deflate matches reach
-    `2**bits - 262` bytes back), so the bytes are those of `gzip.compress(data, 1, mtime=0)`
-    without setting up a 32 KiB window (and its 256 KiB of state) for a short stream: that
-    set-up cost more than compressing one."""
+    `2**bits - 262` bytes back), so the bytes are those of `gzip.compress(data, 1, mtime=0)`,
+    and a short stream's compressor does not set up (and touch) a 32 KiB window and its
+    ~256 KiB of state per stream."""
     bits = _MIN_BITS
     while bits < _MAX_BITS and (1 << bits) - _LOOKAHEAD < len(data):
         bits += 1
