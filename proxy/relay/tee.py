@@ -8,8 +8,9 @@ bytes go out, and when the record looks at them, is decided here:
   moment later (through `Deferred`): the kernel wakes the reader of a local socket on the writer's
   CPU, so work done straight after a write delays the client reading it. Once the body has
   ended, what still waits is read by `finish`, with the rest of the record's work; a piece
-  that ends the body (nearly every non-streamed answer: one piece) is left to `finish` at once,
-  with no timer of its own.
+  that ends the body (nearly every non-streamed answer, and a short stream that came in one
+  piece) is left to `finish` at once, with no timer of its own: a timer here would fire inside
+  the client's next exchange.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
   (`withhold.py`): the whole events of a piece go out at once, a usage event among them cut out
   by parsing that event alone (the record reads them all a moment later, as above); an event
@@ -109,7 +110,7 @@ class StreamTee:
         if ahead:
             head, piece = piece[:ahead], piece[ahead:]
             out = self._withholder.whole(head)
-            self._read_later(head, await self._send(out), out)
+            self._read_later(head, await self._send(out), out, last=last and not piece)
         if piece:
             # An event not all here yet, which may be the usage event: read it now; only the
             # bytes before it may go.
