@@ -64,6 +64,7 @@ MEASURES = (
     "ttfb-b2b",
     "ttfb-gap",
     "cpu",
+    "cpu-64",
     "cpu-large",
     "maxrate",
     "streams",
@@ -340,7 +341,8 @@ def paired_round(
 def closed_measures(
     worker: LoadWorker, targets: list[Target], plan: Plan, measures: list[str], upstream: int
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """latency (c=1), ttfb (c=1, streams), cpu and cpu-large (c=8), in interleaved rounds. At
+    """latency (c=1), ttfb (c=1, streams), cpu and cpu-large (c=8), cpu-64 (c=64), in interleaved
+    rounds. At
     c=1 the targets' requests alternate (`paired_round`); at c=8 each target has the machine in
     turn, since CPU per request is read from the target's own process."""
     shapes: dict[str, dict[str, Any]] = {
@@ -351,6 +353,8 @@ def closed_measures(
         "ttfb-b2b": {"concurrency": 1, "stream": True, "warmup": 50, "solo": True},
         "ttfb-gap": {"concurrency": 1, "stream": True, "warmup": 50, "gap_ms": plan.gap_ms},
         "cpu": {"concurrency": 8, "stream": False, "warmup": 200},
+        # As `cpu`, with 64 connections: what batching and queues do under more concurrency.
+        "cpu-64": {"concurrency": 64, "stream": False, "warmup": 640},
         "cpu-large": {
             "concurrency": 8,
             "stream": False,

@@ -1,6 +1,7 @@
 """The A/B of a `python -m bench --base DIR` run: CPU per request of each `flightrec-*` target
 over its `base-*` twin, round by round (both had the machine in the same round), and the median
-of those ratios.
+of those ratios; and every target's CPU per request over the relay's, round by round, the same
+way (the issue's ratio).
 
     python -m bench.ab bench/results.json
 """
@@ -29,6 +30,17 @@ def ratios(raw: dict[str, list[dict[str, Any]]], engine: str) -> list[tuple[floa
     return pairs
 
 
+def over_relay(raw: dict[str, list[dict[str, Any]]], target: str) -> list[float]:
+    """The target's CPU per request over the relay's, for each round both ran."""
+    relay = {row["round"]: cpu_us(row) for row in raw.get("relay", [])}
+    each = []
+    for row in raw.get(target, []):
+        ours, floor = cpu_us(row), relay.get(row["round"])
+        if ours and floor:
+            each.append(ours / floor)
+    return each
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
@@ -46,6 +58,13 @@ def main() -> None:
                 f"{statistics.median(b for b, _ in pairs):.0f} vs "
                 f"{statistics.median(a for _, a in pairs):.0f}"
             )
+        for target in raw:
+            each = over_relay(raw, target) if target != "relay" else []
+            if each:
+                print(
+                    f"{measure:9} {target:17} CPU per request over the relay's: median "
+                    f"{statistics.median(each):.3f} ({', '.join(f'{r:.2f}' for r in each)})"
+                )
 
 
 if __name__ == "__main__":

@@ -1,15 +1,22 @@
 """Instructions a request, counted rather than timed: flightrec serve under valgrind.
 
-    python -m bench.count [--requests 1500] [--stream] [--base DIR]
+    python -m bench.count [--requests 1500] [--stream] [--base DIR] [--relay] [--memory]
+        [--keep DIR]
 
 On a shared 2-core machine the bench's CPU figures move by 20-40 % from one round to the next,
 so an A/B of a few per cent needs many rounds and still reads noise. Instructions do not move
-with the machine: the same checkout counted twice here differed by under 1 %. This starts the
-mock upstream and `flightrec serve` (SQLite, in a scratch directory) under `valgrind
---tool=callgrind` with counting off, sends `WARMUP` requests, counts the proxy process's
-instructions (every thread; no kernel time) over `--requests` more from one client, and
-prints them per request, for this checkout and, with `--base`, for another one, counted the
-same way one after the other. The proxy runs ~50x slower under valgrind: counts, not times.
+with the machine. This starts the mock upstream and `flightrec serve` (SQLite, in a scratch
+directory) under `valgrind --tool=callgrind` with counting off, sends `WARMUP` requests,
+counts the proxy process's instructions (every thread; no kernel time) over `--requests` more
+from one client, and prints them per request, for this checkout and, with `--base`, for
+another one, counted the same way one after the other; with `--relay` the bare relay
+(`bench/relay.py`) too, the floor the issue's ratios are taken to.
+
+With SQLite the count moves by up to ~10 % between runs of the same code (how many records
+the writer's batches hold depends on timing, and valgrind slows the proxy ~50x). `--memory`
+counts flightrec with the bench's counting recorder instead (`bench.procs flightrec-memory`:
+everything but the database), steady to ~1 %: the request path's A/B. `--keep DIR` keeps
+each callgrind output there (`callgrind_annotate --inclusive=no DIR/this.out`).
 """
 
 from __future__ import annotations
@@ -62,18 +69,36 @@ def _callgrind_control(flag: str, pid: int) -> None:
     subprocess.run(["callgrind_control", "-i", flag, str(pid)], check=True, capture_output=True)
 
 
-def count(code: Path, requests: int, stream: bool, work: Path) -> float:
-    """Instructions a request of `flightrec serve` running the checkout `code`."""
+def count(
+    code: Path | None, requests: int, stream: bool, work: Path, memory: bool = False
+) -> float:
+    """Instructions a request of `flightrec serve` running the checkout `code` (None: the
+    bare relay; `memory`: flightrec with the counting recorder, no database)."""
     upstream = procs.mock_upstream()
     out = work / "callgrind.out"
-    proxy = flightrec_target(
-        "flightrec-callgrind",
-        f"flightrec serve under callgrind, the code in {code}",
-        f"http://127.0.0.1:{upstream.port}/v1",
-        work,
-        f"sqlite+aiosqlite:///{work}/bench.db",
-        code,
-    )
+    base_url = f"http://127.0.0.1:{upstream.port}/v1"
+    work.mkdir(parents=True, exist_ok=True)
+    port = procs.free_port()
+    if code is None:
+        argv = [sys.executable, "-m", "bench.relay", "--port", str(port), "--upstream", base_url]
+        proxy = procs.Target("relay-callgrind", "the bare relay", argv, port, cwd=str(HERE))
+    elif memory:
+        argv = [sys.executable, "-m", "bench.procs", "flightrec-memory", "--port", str(port)]
+        argv += ["--upstream", base_url, "--count-file", str(work / "counts.json")]
+        # The checkout's own code, its bench's launcher included (not this directory's).
+        env = {"PYTHONPATH": str(code)}
+        about = f"flightrec without a database, the code in {code}"
+        proxy = procs.Target("memory-callgrind", about, argv, port, env, str(work))
+        proxy.ready_path = "/healthz"
+    else:
+        proxy = flightrec_target(
+            "flightrec-callgrind",
+            f"flightrec serve under callgrind, the code in {code}",
+            base_url,
+            work,
+            f"sqlite+aiosqlite:///{work}/bench.db",
+            code,
+        )
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
     proxy.argv = [*valgrind, f"--callgrind-out-file={out}", *proxy.argv]
     proxy.ready_timeout = 600.0
@@ -102,18 +127,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1500, help="requests counted")
     parser.add_argument("--stream", action="store_true", help="short streams, not plain")
     parser.add_argument("--base", type=Path, help="another checkout, counted the same way")
+    parser.add_argument("--relay", action="store_true", help="count the bare relay too")
+    parser.add_argument(
+        "--memory", action="store_true", help="flightrec with the counting recorder, no database"
+    )
+    parser.add_argument("--keep", type=Path, help="keep the callgrind outputs in this folder")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
-    checkouts = {"this": HERE, **({"base": args.base.resolve()} if args.base else {})}
+    checkouts: dict[str, Path | None] = {"this": HERE}
+    if args.base:
+        checkouts["base"] = args.base.resolve()
+    if args.relay:
+        checkouts["relay"] = None
     counted: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="flightrec-count-") as scratch:
         for name, code in checkouts.items():
-            counted[name] = count(code, args.requests, args.stream, Path(scratch) / name)
-            print(f"{name:5} {code}: {counted[name]:,.0f} instructions a request", flush=True)
+            work = Path(scratch) / name
+            counted[name] = count(code, args.requests, args.stream, work, args.memory)
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(Path(scratch) / name / "callgrind.out", args.keep / f"{name}.out")
+            where = code or "bench/relay.py"
+            print(f"{name:5} {where}: {counted[name]:,.0f} instructions a request", flush=True)
     if "base" in counted:
         print(f"this/base: {counted['this'] / counted['base']:.3f}")
+    if "relay" in counted:
+        for name in ("this", "base"):
+            if name in counted:
+                print(f"{name}/relay: {counted[name] / counted['relay']:.3f}")
     print(json.dumps(counted))
     return 0
 

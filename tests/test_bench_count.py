@@ -36,3 +36,13 @@ def test_a_checkout_is_counted_per_request(tmp_path: Path) -> None:
     # A plain request through flightrec is a few hundred µs of Python: ~10^6 instructions.
     assert 2e5 < plain < 2e7, plain
     assert (tmp_path / "plain" / "callgrind.out").stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_the_relay_and_flightrec_without_a_database_are_counted_the_same_way(
+    tmp_path: Path,
+) -> None:
+    relay = count.count(None, requests=20, stream=False, work=tmp_path / "relay")
+    memory = count.count(count.HERE, 20, False, tmp_path / "memory", memory=True)
+    assert 2e5 < relay < memory < 2e7, (relay, memory)
+    assert (tmp_path / "memory" / "counts.json").exists()  # the counting recorder ran

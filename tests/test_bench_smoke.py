@@ -38,11 +38,11 @@ TINY = Plan(
 @pytest.mark.parametrize("c1", ["paired", "solo"])
 def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
     names = ["direct", "relay", "flightrec-memory"]
-    measures = ["latency", "ttfb", "cpu", "cpu-large", "streams"]
+    measures = ["latency", "ttfb", "cpu", "cpu-64", "cpu-large", "streams"]
     results = run(replace(TINY, c1=c1), names, measures, tmp_path, pg="", install=False)
 
     raw = results["raw"]
-    for measure in ("latency", "ttfb", "cpu", "cpu-large"):
+    for measure in ("latency", "ttfb", "cpu", "cpu-64", "cpu-large"):
         for name in names:
             (result,) = raw[measure][name]
             assert result["errors"] == 0, (measure, name, result)
@@ -70,7 +70,7 @@ def test_harness_runs_end_to_end(tmp_path: Path, c1: str) -> None:
     for name in ("relay", "flightrec-memory"):
         # Figures only: CPU time comes in 10 ms ticks (300 requests may not move it on a fast
         # machine) and an added latency is a difference that noise can make negative.
-        for metric in ("cpu_us", "cpu_large_us"):
+        for metric in ("cpu_us", "cpu64_us", "cpu_large_us"):
             assert math.isfinite(summary[name][metric]) and summary[name][metric] >= 0
         for metric in ("added_p50_ms", "added_ttfb_p50_ms"):
             assert math.isfinite(summary[name][metric])

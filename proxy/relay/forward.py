@@ -60,7 +60,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
     began = time.time()
     started = time.perf_counter()
     place = id_place()  # now: ids sort as the requests came
-    config = request.app[APP_CONFIG]
+    app = request.app  # a property chain: read once per request
+    config = app[APP_CONFIG]
     routed = route(config.upstreams, request.raw_path)
     if routed is None:
         return not_routed(request)
@@ -69,18 +70,18 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if request.method == "GET" and not refused and wants_websocket(request.headers):
         return await websocket(request, upstream, rest, began, started)
     record = Record(place, request.method, upstream, rest, began)
-    later = request.app[APP_DEFERRED]
+    later = app[APP_DEFERRED]
     later.under_way += 1
-    in_flight = request.app[APP_IN_FLIGHT]
+    in_flight = app[APP_IN_FLIGHT]
     in_flight.enter()
     try:
         if refused:
             return refuse_path(record.ensure_exchange(), upstream)
-        load = request.app[APP_LOAD]
+        load = app[APP_LOAD]
         if load.too_many_connections():
             exchange = record.ensure_exchange()
             return shed(exchange, "max_connections", load.max_connections, close=True)
-        return await _exchange(request, config, upstream, rest, record, started)
+        return await _exchange(request, app, config, upstream, rest, record, started)
     except asyncio.CancelledError:
         exchange = record.ensure_exchange()
         if in_flight.cut:  # shutdown cancelled it, past its grace (`inflight`)
@@ -100,11 +101,12 @@ async def forward(request: web.Request) -> web.StreamResponse:
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
         later.under_way -= 1
         in_flight.leave()
-        later.add(conclude, exchange, request, tee, request.app[APP_SINKS])
+        later.add(conclude, exchange, request, tee, app[APP_SINKS])
 
 
 async def _exchange(
     request: web.Request,
+    app: web.Application,
     config: Config,
     upstream: Upstream,
     rest: str,
@@ -122,17 +124,17 @@ async def _exchange(
     path_endpoint = endpoint(path)
     inject = config.stream_usage == "inject" and path_endpoint.stream_options
     outgoing = record.body = upstream_body(body, inject=inject)
-    blocked = request.app[APP_BLOCKED]
+    blocked = app[APP_BLOCKED]
     if blocked.budgets and (budget := over_budget(blocked, request.headers, body)) is not None:
         return budget_exceeded(record.ensure_exchange(), budget)
     streams = asks_to_stream(outgoing)
-    load = request.app[APP_LOAD]
+    load = app[APP_LOAD]
     if streams and not load.take_stream():
         return shed(record.ensure_exchange(), "max_streams", load.max_streams, close=False)
     url = URL(upstream.base_url + rest, encoded=True)
     try:
         try:
-            answer = await _send_upstream(request, url, outgoing)
+            answer = await _send_upstream(request, app[APP_SESSION], url, outgoing)
         except TimeoutError:
             return unreachable(record.ensure_exchange(), upstream, 504, "timeout", "timed out")
         except aiohttp.ClientError as exc:
@@ -141,7 +143,7 @@ async def _exchange(
             )
         async with answer:
             return await relay(
-                request, config, answer, record, path_endpoint, outgoing.injected, started
+                request, app, config, answer, record, path_endpoint, outgoing.injected, started
             )
     finally:
         if streams:
@@ -158,11 +160,11 @@ async def _read_body(request: web.Request, seconds: float) -> bytes:
 
 
 async def _send_upstream(
-    request: web.Request, url: URL, body: UpstreamBody
+    request: web.Request, session: aiohttp.ClientSession, url: URL, body: UpstreamBody
 ) -> aiohttp.ClientResponse:
     """Send the request upstream; the answer once its headers are in."""
     injected = body.injected
-    return await request.app[APP_SESSION].request(
+    return await session.request(
         request.method,
         url,
         headers=upstream_headers(request.headers, identity_encoding=injected),

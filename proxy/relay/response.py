@@ -43,6 +43,7 @@ class _Response(web.StreamResponse):
 
 async def relay(
     request: web.Request,
+    app: web.Application,
     config: Config,
     answer: aiohttp.ClientResponse,
     record: Record,
@@ -81,15 +82,15 @@ async def relay(
             request.path,
             answer.status,
             request.headers,
-            request.app[APP_SINKS],
+            app[APP_SINKS],
             config.max_record_bytes,
         ),
     )
     tee = record.tee = StreamTee(
-        record.ensure_exchange, response.write, settings, later=request.app[APP_DEFERRED_READS]
+        record.ensure_exchange, response.write, settings, later=app[APP_DEFERRED_READS]
     )
     try:
-        await _pump(answer, tee, config.cancel_on_disconnect, request.app[APP_DEFERRED])
+        await _pump(answer, tee, config.cancel_on_disconnect, app[APP_DEFERRED])
         await _end(request, response, record)
     except Exception as exc:  # the response has started: a second one cannot be sent
         exchange = record.ensure_exchange()
@@ -107,9 +108,10 @@ async def _pump(
     here = True
     whole = False
     first = True
+    content = answer.content
     try:
-        async for piece in answer.content.iter_any():
-            here = await tee.relay(piece)
+        async for piece in content.iter_any():
+            here = await tee.relay(piece, last=content.at_eof())
             if first:  # earlier exchanges' deferred work may go now (`Deferred`)
                 first = False
                 later.first_piece_sent()

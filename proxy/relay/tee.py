@@ -7,7 +7,10 @@ bytes go out, and when the record looks at them, is decided here:
 - Normally a piece goes to the client as it came, and `BodyReader` (`reader.py`) reads it a
   moment later (through `Deferred`): the kernel wakes the reader of a local socket on the writer's
   CPU, so work done straight after a write delays the client reading it. Once the body has
-  ended, what still waits is read by `finish`, with the rest of the record's work.
+  ended, what still waits is read by `finish`, with the rest of the record's work; a piece
+  that ends the body (nearly every non-streamed answer, and a short stream that came in one
+  piece) is left to `finish` at once, with no timer of its own: a timer here would fire inside
+  the client's next exchange.
 - When the proxy asked for stream usage itself, the usage event must not reach the client
   (`withhold.py`): the whole events of a piece go out at once, a usage event among them cut out
   by parsing that event alone (the record reads them all a moment later, as above); an event
@@ -96,17 +99,18 @@ class StreamTee:
             exchange = self._exchange = self._make_exchange()
         return exchange
 
-    async def relay(self, piece: bytes) -> bool:
+    async def relay(self, piece: bytes, *, last: bool = False) -> bool:
         """Send the next piece of the upstream's body to the client (all of it, or what may go
-        now) and have it read; False once the client has gone."""
+        now) and have it read; False once the client has gone. `last`: the upstream's body has
+        ended with this piece."""
         if self._withholder is None:
-            self._read_later(piece, await self._send(piece), None)
+            self._read_later(piece, await self._send(piece), None, last=last)
             return self._client_here
         ahead = self._whole_events(piece)
         if ahead:
             head, piece = piece[:ahead], piece[ahead:]
             out = self._withholder.whole(head)
-            self._read_later(head, await self._send(out), out)
+            self._read_later(head, await self._send(out), out, last=last and not piece)
         if piece:
             # An event not all here yet, which may be the usage event: read it now; only the
             # bytes before it may go.
@@ -194,15 +198,18 @@ class StreamTee:
             reader = self._reader = BodyReader(self.exchange, self._settings)
         return reader
 
-    def _read_later(self, piece: bytes, delivered: bool, written: bytes | None) -> None:
+    def _read_later(
+        self, piece: bytes, delivered: bool, written: bytes | None, *, last: bool = False
+    ) -> None:
         """Read `piece` a moment from now (with `later`; at once without); `delivered`: it was
-        written to the client just now, as it came or as `written`."""
+        written to the client just now, as it came or as `written`. `last`: the body ends with
+        it, so `finish` reads it and no moment of its own is booked."""
         now = time.perf_counter()
         self._client_has_all = delivered
         if self._later is None:
             self._read(piece, now, delivered, written)
             return
-        if not self._waiting:
+        if not self._waiting and not last:
             self._later.add(self._catch_up_later)
         self._waiting.append((piece, now, delivered, written))
 

@@ -32,10 +32,15 @@ def encode(ex: Exchange) -> bytes:
         raw = getattr(bodies, name)
         record[name] = None if raw is None else base64.b64encode(raw).decode("ascii")
     line = {"v": _VERSION, "exchange": record}
-    try:
-        return orjson.dumps(line, option=orjson.OPT_NON_STR_KEYS) + b"\n"
-    except TypeError:
-        return json.dumps(line, default=str).encode() + b"\n"
+    # Every record is encoded on its way to the journal, and nearly every one has text keys
+    # only: orjson's plain path first, `OPT_NON_STR_KEYS` (which has it look at each key's
+    # type) only for one that has others, the stdlib for ints beyond 64 bits.
+    for option in (None, orjson.OPT_NON_STR_KEYS):
+        try:
+            return orjson.dumps(line, option=option) + b"\n"
+        except TypeError:
+            continue
+    return json.dumps(line, default=str).encode() + b"\n"
 
 
 def decode(line: bytes) -> Exchange:

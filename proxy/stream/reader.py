@@ -25,7 +25,7 @@ READABLE = ("", "identity", "gzip", "x-gzip", "deflate")
 """Content-Encodings the record can decode."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__
 class BodySettings:
     """How one response body is read for the record: what it is, and the record's bounds."""
 

@@ -466,6 +466,28 @@ async def test_a_body_that_has_ended_is_read_by_finish_not_at_a_moment_of_its_ow
     assert exchange.response_bytes == len(stream)
 
 
+@pytest.mark.parametrize("withhold", [False, True])
+async def test_a_piece_that_ends_the_body_books_no_read_of_its_own(withhold: bool) -> None:
+    """A body in one piece (a non-streamed answer, a short stream) has ended when that piece
+    goes out: `finish` reads it, and no timer is booked to fire inside the next exchange."""
+    reads = Deferred(delay=60)
+    tee = _chat_tee(reads, withhold=withhold)
+    stream = chunks_to_sse([_chunk("Hi"), _chunk(None, finish_reason="stop")])
+    assert await tee.relay(stream, last=True)
+    assert len(reads) == 0
+    await tee.end(whole=True)
+    tee.finish()
+    exchange = tee.exchange
+    assert exchange.chunks == 3 and exchange.outcome == "ok"
+    assert exchange.response_json["choices"][0]["message"]["content"] == "Hi"
+    assert exchange.response_bytes == len(stream)
+    assert gzip.decompress(exchange.raw_stream_gz or b"") == stream
+
+    more = _chat_tee(reads, withhold=withhold)
+    assert await more.relay(chunks_to_sse([_chunk("Hi")], done=False))  # more may come
+    assert len(reads) == 1
+
+
 async def test_withholding_reads_waiting_pieces_before_the_one_it_must_look_at() -> None:
     client = Client()
     tee = _chat_tee(Deferred(delay=60), withhold=True, client=client)

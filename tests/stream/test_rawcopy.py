@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from proxy.store.lines import decode
-from proxy.stream.rawcopy import PLAIN_LIMIT, RawCopy
+from proxy.stream.rawcopy import PLAIN_LIMIT, RawCopy, compress_whole
 
 
 def _chunks(count: int, rng: random.Random) -> list[bytes]:
@@ -83,3 +83,19 @@ def test_the_copy_ends_once(count: int) -> None:
     assert gzip.decompress(first) == b"".join(chunks)
     with pytest.raises(RuntimeError, match="ended"):
         copy.add(b"late", 1.0)
+
+
+@pytest.mark.parametrize("bits", range(9, 16))
+def test_a_whole_copy_is_the_bytes_gzip_makes_with_the_full_window(bits: int) -> None:
+    """The window is fitted to the stream's length: a repeat as far back as the stream is long
+    is still found, so the bytes are those of the full window, at every size around each
+    window's reach (2**bits - 262 bytes)."""
+    rng = random.Random(bits)
+    reach = (1 << bits) - 262
+    for size in (reach - 1, reach, reach + 1, (1 << bits) + 1):
+        repeated = rng.randbytes(64)
+        data = repeated + rng.randbytes(size - 128) + repeated
+        assert compress_whole(data) == gzip.compress(data, compresslevel=1, mtime=0)
+    stream = b"".join(_chunks(200, rng))
+    assert compress_whole(stream) == gzip.compress(stream, compresslevel=1, mtime=0)
+    assert compress_whole(b"") == gzip.compress(b"", compresslevel=1, mtime=0)
