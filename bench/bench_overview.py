@@ -1,6 +1,7 @@
 """The overview (`GET /api/overview`) over 90 days of 10,000,000 exchanges: milliseconds.
 
     python -m bench.bench_overview [--pg postgresql+asyncpg://user@host/db] [--rows N]
+        [--sqlite FILE] [--pg-keep URL] [--base CHECKOUT] [--rounds N] [--runs N]
 
 The overview reads the writer's running sums (`facets`), so what it costs depends on how many
 facet rows the range holds, not on how many exchanges made them. The bench therefore writes
@@ -9,8 +10,14 @@ straight into the table: every whole hour and day of the range, each split over 
 20 models, 50 keys, 1,000 users (each user in nearly every hour: the worst case for the
 table's size), 8 `team` and 2 `env` tags, with tokens, cost and latency histograms. The ragged
 half hours at the two ends of the range are real exchanges, written by the writer at the same
-rate (what the overview sums from `exchanges` at query time). Then it times
-`store.overview.overview` for several filters, 10 times each (p50 and the slowest).
+rate (what the overview sums from `exchanges` at query time). `--sqlite FILE` and `--pg-keep
+URL` keep the filled database for the next run (filled only when new).
+
+It then drops the overview's folded rows (`store.folds`) and times the first 90-day call,
+which folds the range's runs again, and times `store.overview.overview` for several filters,
+`--runs` calls per case in each of `--rounds` rounds (p50 and the slowest). With `--base
+CHECKOUT` (main) each round first times that checkout's overview on the same database, in a
+process of its own, and the ratio of the medians is printed.
 """
 
 from __future__ import annotations
@@ -18,12 +25,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import sqlalchemy as sa
 
 from bench.bench_cost import filled_pg
 from proxy.exchange import Exchange
@@ -177,46 +189,126 @@ CASES: dict[str, ListFilters] = {
 }
 
 
-async def time_cases(name: str, url: str) -> dict[str, tuple[float, float]]:
+async def time_cases(url: str, runs: int) -> dict[str, list[float]]:
+    """Milliseconds of each case's `runs` calls, after one call not timed (the connections)."""
     engine = create_engine(url)
-    out = {}
+    out: dict[str, list[float]] = {}
     try:
-        async with engine.connect() as conn:
-            count = (await conn.exec_driver_sql("SELECT count(*) FROM facets")).scalar()
-        print(f"{name}: {count:,} facet rows")
         for case, filters in CASES.items():
-            times = []
-            for _ in range(10):
+            await overview(engine, filters)
+            times = out[case] = []
+            for _ in range(runs):
                 begin = time.perf_counter()
-                found = await overview(engine, filters)
+                await overview(engine, filters)
                 times.append((time.perf_counter() - begin) * 1000)
-            out[case] = (statistics.median(times), max(times))
-            print(f"{name:<10} {case:<18} p50 {out[case][0]:7.1f} ms  max {out[case][1]:7.1f} ms"
-                  f"  ({found['totals']['requests']:,} requests)")  # fmt: skip
     finally:
         await engine.dispose()
     return out
 
 
+async def base_times(folder: str, url: str, runs: int) -> dict[str, list[float]]:
+    """`time_cases` with the code of the checkout `folder`, in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{os.getcwd()}"}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--time-only", url, "--runs", str(runs),
+        env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    output, _ = await child.communicate()
+    assert child.returncode == 0, "the base checkout's run failed"
+    found: dict[str, list[float]] = json.loads(output.decode().splitlines()[-1])
+    return found
+
+
+async def measure(name: str, url: str, base: str | None, rounds: int, runs: int) -> None:
+    """Each round times every case with the base checkout (if any), then with this one; the
+    first call, which folds the range's runs (`store.folds`), is timed apart."""
+    from proxy.store import folds  # not in a base checkout that runs `time_cases` alone
+
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.delete(t.facets).where(t.facets.c.span.in_(folds.LEVELS)))
+            count = (await conn.exec_driver_sql("SELECT count(*) FROM facets")).scalar()
+        begin = time.perf_counter()
+        found = await overview(engine, CASES["90 days"])
+        first = (time.perf_counter() - begin) * 1000
+        async with engine.connect() as conn:
+            query = sa.select(sa.func.count()).where(t.facets.c.span.in_(folds.LEVELS))
+            folded = (await conn.execute(query)).scalar()
+        if engine.dialect.name == "postgresql":
+            # As after the fill: the folded rows dropped and written again leave dead index
+            # entries that autovacuum clears in a running database.
+            async with engine.connect() as conn:
+                autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await autocommit.exec_driver_sql("VACUUM ANALYZE facets")
+    finally:
+        await engine.dispose()
+    print(f"{name}: {count:,} facet rows, {found['totals']['requests']:,} requests in 90 days;"
+          f" the first call {first:.0f} ms, folding {folded:,} rows")  # fmt: skip
+    sides = {"base": base, "this": "."} if base else {"this": "."}
+    times: dict[str, dict[str, list[float]]] = {side: {} for side in sides}
+    for _ in range(rounds):
+        for side, folder in sides.items():
+            got = await (base_times(folder, url, runs) if side == "base" else time_cases(url, runs))
+            for case, values in got.items():
+                times[side].setdefault(case, []).extend(values)
+    for case in CASES:
+        line = f"{name:<10} {case:<18}"
+        for side in sides:
+            values = times[side][case]
+            line += f"  {side} p50 {statistics.median(values):7.1f} ms (max {max(values):7.1f})"
+        if base:
+            ratio = statistics.median(times["this"][case]) / statistics.median(times["base"][case])
+            line += f"  this/base {ratio:.2f}"
+        print(line)
+
+
+async def sqlite_db(path: str, rows: int) -> str:
+    """The SQLite database at `path`, filled unless it holds facet rows already."""
+    url = f"sqlite+aiosqlite:///{path}"
+    if not await asyncio.to_thread(os.path.exists, path):
+        await upgrade(url)
+        begin = time.perf_counter()
+        await fill(url, rows)
+        print(f"sqlite filled in {time.perf_counter() - begin:.0f} s")
+    return url
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pg", help="a PostgreSQL URL; a scratch database is made beside it")
+    parser.add_argument("--pg-keep", help="instead, this PostgreSQL URL's database, filled once")
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--no-sqlite", action="store_true", help="PostgreSQL only")
+    parser.add_argument("--sqlite", help="keep the SQLite database in this file, filled once")
+    parser.add_argument("--base", help="a checkout (main) to time on the same databases")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each side (A/B)")
+    parser.add_argument("--runs", type=int, default=5, help="calls per case and round")
+    parser.add_argument("--time-only", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time_only:
+        print(json.dumps(await time_cases(args.time_only, args.runs)))
+        return
     with tempfile.TemporaryDirectory() as folder:
-        if args.no_sqlite:
-            folder = ""
-        if folder:
-            url = f"sqlite+aiosqlite:///{folder}/overview.db"
-            await upgrade(url)
-            begin = time.perf_counter()
-            await fill(url, args.rows)
-            print(f"sqlite filled in {time.perf_counter() - begin:.0f} s")
-            await time_cases("sqlite", url)
-    if args.pg:
+        if not args.no_sqlite:
+            url = await sqlite_db(args.sqlite or f"{folder}/overview.db", args.rows)
+            await measure("sqlite", url, args.base, args.rounds, args.runs)
+    if args.pg_keep:
+        engine = create_engine(args.pg_keep)
+        try:
+            async with engine.connect() as conn:
+                filled = (await conn.exec_driver_sql("SELECT 1 FROM facets LIMIT 1")).first()
+        except Exception:
+            await upgrade(args.pg_keep)
+            filled = None
+        finally:
+            await engine.dispose()
+        if filled is None:
+            await fill(args.pg_keep, args.rows)
+        await measure("postgresql", args.pg_keep, args.base, args.rounds, args.runs)
+    elif args.pg:
         async with filled_pg(args.pg, args.rows, fill) as target:
-            await time_cases("postgresql", target)
+            await measure("postgresql", target, args.base, args.rounds, args.runs)
 
 
 if __name__ == "__main__":

@@ -80,26 +80,23 @@ def hours_query(where: list[sa.ColumnElement[bool]], dialect: str) -> sa.Select[
     )
 
 
-def edge_query(where: list[sa.ColumnElement[bool]], dialect: str) -> sa.Select[Any]:
-    """Every sum per hour, model, key and user at once: for a short span (an hour at most),
-    where one pass over its exchanges beats one per top dimension."""
-    ex, usage = t.exchanges, t.usage
-    when = bucket_start(ex.c.started_at, "hour", dialect)
+def edge_query(where: list[sa.ColumnElement[bool]]) -> sa.Select[Any]:
+    """The top lists' counts per model, key and user at once: for a short span (an hour at
+    most), where one pass over its exchanges beats one per top dimension. Its groups are
+    nearly as many as the exchanges, so it sums only what the top lists show."""
+    ex = t.exchanges
     model = sa.func.coalesce(ex.c.response_model, ex.c.model)
     return (
         sa.select(
-            when.label("start"),
             model.label("model"),
             ex.c.key_hash.label("key"),
             sa.func.max(ex.c.key_hint).label("hint"),
             ex.c.end_user.label("user"),
             *_counts(),
-            *(sa.func.sum(usage.c[name]).label(name) for name in TOKENS),
-            *_histograms(),
         )
         .select_from(_source())
         .where(*where)
-        .group_by(when, model, ex.c.key_hash, ex.c.end_user)
+        .group_by(model, ex.c.key_hash, ex.c.end_user)
     )
 
 
@@ -162,24 +159,24 @@ async def summed(
 async def summed_short(
     conn: AsyncConnection, where: list[sa.ColumnElement[bool]], dims: tuple[str, ...]
 ) -> list[Facet]:
-    """`summed` for a span of an hour or less: one pass for `all`, models, keys and users,
-    one for tags."""
-    alls: dict[datetime, Facet] = {}
+    """`summed` for a span of an hour or less: one pass for `all`, one for models, keys and
+    users, one for tags."""
     tops: dict[tuple[str, Any], Facet] = {}
-    for row in (await conn.execute(edge_query(where, conn.dialect.name))).mappings():
-        start = _start(row["start"])
-        into = alls.setdefault(start, {"dim": "all", "span": "hour", "start": start, "value": "",
-                                       "hint": None, **dict.fromkeys(t.FACET_SUMS, 0)})  # fmt: skip
-        for name in t.FACET_SUMS:
-            into[name] += int(row[name] or 0)
-        for dim in ("model", "key", "user"):
-            if dim not in dims or row[dim] is None:
+    crossed = {"model", "key", "user"}.intersection(dims)
+    for row in (await conn.execute(edge_query(where))).all() if crossed else ():
+        sums = row[4:]
+        for dim, at in (("model", 0), ("key", 1), ("user", 3)):
+            value = row[at]
+            if dim not in dims or value is None:
                 continue
-            top = tops.setdefault((dim, row[dim]), {"dim": dim, "span": "hour", "start": None,
-                                  "value": row[dim], "hint": None,
-                                  **dict.fromkeys(t.FACET_TOP[2:], 0)})  # fmt: skip
-            for name in t.FACET_TOP[2:]:
-                top[name] += int(row[name] or 0)
-            top["hint"] = top["hint"] or (row["hint"] if dim == "key" else None)
-    tags = [] if "tag" not in dims else await summed(conn, where, ("tag",), hours=False)
-    return [*alls.values(), *tops.values(), *tags]
+            top = tops.get((dim, value))
+            if top is None:
+                top = tops[(dim, value)] = {"dim": dim, "span": "hour", "start": None,
+                                            "value": value, "hint": None,
+                                            **dict.fromkeys(t.FACET_TOP[2:], 0)}  # fmt: skip
+            for name, amount in zip(t.FACET_TOP[2:], sums, strict=True):
+                top[name] += int(amount or 0)
+            if dim == "key" and top["hint"] is None:
+                top["hint"] = row[2]
+    alls = await summed(conn, where, tuple(dim for dim in dims if dim == "tag"))
+    return [*alls, *tops.values()]

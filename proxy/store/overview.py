@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from proxy.store import facet_sql, facets
+from proxy.store import facet_sql, facets, folds
 from proxy.store import tables as t
 from proxy.store.browse import ListFilters
 
@@ -116,15 +116,19 @@ async def _sums_of_table(
 
 
 async def _raw(
-    conn: AsyncConnection, filters: ListFilters, lo: datetime, hi: datetime
+    conn: AsyncConnection,
+    filters: ListFilters,
+    lo: datetime,
+    hi: datetime,
+    dims: tuple[str, ...] = TOP,
 ) -> list[facets.Facet]:
     """The exchanges in [lo, hi) that match `filters`, summed by the database per hour (`all`)
-    and per group of the top dimensions."""
+    and per group of `dims`."""
     base = dataclasses.replace(filters.base, since=lo, until=hi)
     where = dataclasses.replace(filters, base=base).where()
     if hi - lo <= timedelta(hours=1):
-        return await facet_sql.summed_short(conn, where, TOP)
-    return await facet_sql.summed(conn, where, TOP)
+        return await facet_sql.summed_short(conn, where, dims)
+    return await facet_sql.summed(conn, where, dims)
 
 
 def _utc(at: datetime) -> datetime:
@@ -158,29 +162,45 @@ async def _series(
     return out
 
 
-async def _top_of_table(conn: AsyncConnection, seg: Segment) -> list[Any]:
-    f = t.facets
-    span, lo, hi = seg
-    query = (
-        sa.select(
-            f.c.dim,
-            f.c.value,
-            sa.func.max(f.c.hint).label("hint"),
-            *(sa.func.sum(f.c[name]).label(name) for name in t.FACET_TOP[2:]),
-        )
-        .where(f.c.dim.in_(TOP), f.c.span == span, f.c.start >= lo, f.c.start < hi)
-        .group_by(f.c.dim, f.c.value)
-    )
-    return list((await conn.execute(query)).mappings())
+async def _top_of_folds(
+    engine: AsyncEngine,
+    conn: AsyncConnection,
+    cut: list[Segment],
+    found: list[tuple[datetime, list[int]]],
+) -> list[Any]:
+    """The top groups of the whole hours and days of `cut`, read from the fewest folded runs
+    that are current (`folds.py`); the runs that have ended and are not are folded first."""
+    whole = [seg for seg in cut if seg[0] != "raw"]
+    if not whole:
+        return []
+    present: dict[str, dict[int, list[int]]] = {"hour": {}, "day": {}}
+    for at, sums in found:
+        for span, lo, hi in whole:
+            if lo <= at < hi:
+                present[span][folds.index(at, span)] = folds.kept(sums)
+    now = datetime.now(UTC)
+    ended = {span: folds.index(_floor(now, span), span) for span in present}
+
+    def planned(have: dict[tuple[str, int], list[int]]) -> tuple[list[Any], list[Any]]:
+        read, stale = [], []
+        for span, lo, hi in whole:
+            got = folds.plan(span, folds.index(lo, span), folds.index(hi, span), present[span],
+                             have, ended[span])  # fmt: skip
+            read += got[0]
+            stale += got[1]
+        return read, stale
+
+    read, stale = planned(await folds.folded(conn, whole[0][1], whole[-1][2]))
+    if stale and await folds.fold(engine, stale, ("all", *TOP)):
+        read, stale = planned(await folds.folded(conn, whole[0][1], whole[-1][2]))
+    if not read:
+        return []
+    return list((await conn.execute(folds.grouped(read, TOP))).mappings())
 
 
-async def _top(
-    conn: AsyncConnection, cut: list[Segment], raw: dict[Segment, list[facets.Facet]]
-) -> dict[str, list[dict[str, Any]]]:
+def _top(rows: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """The top lists of facet rows, summed per group."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    rows: list[Any] = []
-    for seg in cut:
-        rows += raw[seg] if seg in raw else await _top_of_table(conn, seg)
     for row in rows:
         if row["dim"] not in TOP:
             continue
@@ -258,16 +278,20 @@ async def overview(
         cut = segments(since, until, bucket) if since < until else []
         chosen = facet_filter(filters)
         ragged = [seg for seg in cut if seg[0] == "raw" and chosen is not None]
-        edges = {seg: await _raw(conn, filters, seg[1], seg[2]) for seg in ragged}
+        # Under a filter the top lists are summed over the whole range below: the ends add
+        # only to the series.
+        dims = TOP if chosen == ("all", None) else ()
+        edges = {seg: await _raw(conn, filters, seg[1], seg[2], dims) for seg in ragged}
         if chosen == ("all", None):
             found = await _series(conn, chosen, cut, edges)
-            top = await _top(conn, cut, edges)
+            stored = await _top_of_folds(engine, conn, cut, found)
+            top = _top([*stored, *(row for seg in ragged for row in edges[seg])])
         else:
             # The sums hold no cross-facet rows: a filter's top lists, and any filter they
             # cannot answer, are summed from the matching exchanges over the whole range.
             whole: Segment = ("raw", since, until)
             every = {whole: await _raw(conn, filters, since, until)} if cut else {}
-            top = await _top(conn, list(every), every)
+            top = _top([row for rows in every.values() for row in rows])
             found = await _series(conn, chosen, *((cut, edges) if chosen else (list(every), every)))
     return shape(found, since, until, bucket, top)
 
