@@ -307,7 +307,7 @@ def prune(
     from datetime import UTC, datetime
 
     from proxy.store import read
-    from proxy.store.prune import Busy, pruning
+    from proxy.store.prune import Busy, by_whole_days, pruning
     from proxy.store.retention import cutoffs
 
     cfg = load_config(
@@ -315,12 +315,15 @@ def prune(
     )
     if bodies and before is None:
         raise click.UsageError("--bodies needs --before T")
-    found = [(before, bodies)] if before is not None else cutoffs(cfg, datetime.now(UTC))
-    if not found:
+    if before is None and not cutoffs(cfg, datetime.now(UTC)):
         raise click.UsageError("give --before T, or set retention_days in the config")
 
     async def run() -> list[str]:
         async with read.reading(cfg.db_url) as engine, pruning(engine) as pruner:
+            found = [(before, bodies)]
+            if before is None:  # the configured retention, as `serve` applies it
+                whole_days = await by_whole_days(pruner)
+                found = cutoffs(cfg, datetime.now(UTC), whole_days=whole_days)
             return [await _prune_one(pruner, when, only, dry_run) for when, only in found]
 
     try:

@@ -146,6 +146,11 @@ def _before(before: datetime, bodies: bool) -> list[sa.ColumnElement[bool]]:
     return [*found, _has_bodies()] if bodies else found
 
 
+async def by_whole_days(pruner: Pruner) -> bool:
+    """Whether the database prunes whole days at once (partitioned PostgreSQL)."""
+    return bool(await pruner.run(partitions.is_partitioned))
+
+
 async def plan(pruner: Pruner, before: datetime, *, bodies: bool = False) -> Plan:
     """How many exchanges (with bodies, for `bodies`) started before `before`."""
     ex = t.exchanges

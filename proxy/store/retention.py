@@ -36,11 +36,22 @@ STOP_WAIT = 10.0
 """Seconds shutdown waits for the batch in progress before killing the run."""
 
 
-def cutoffs(config: Config, now: datetime) -> list[tuple[datetime, bool]]:
-    """(before, bodies only) of each prune `config` asks for, whole exchanges first."""
+def cutoffs(
+    config: Config, now: datetime, *, whole_days: bool = False
+) -> list[tuple[datetime, bool]]:
+    """(before, bodies only) of each prune `config` asks for, whole exchanges first.
+
+    `whole_days` (a partitioned PostgreSQL database): whole exchanges are cut at the UTC
+    midnight on or before `retention_days` ago, so each day goes as one dropped partition
+    when it is wholly due; cut to the second, the day holding the cut would be deleted an
+    hour's exchanges at a time, row by row, and its partitions would be found empty. An
+    exchange is then kept between `retention_days` and one day more."""
     found = []
     if config.retention_days:
-        found.append((now - timedelta(days=config.retention_days), False))
+        before = now - timedelta(days=config.retention_days)
+        if whole_days:
+            before = before.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        found.append((before, False))
     if config.retention_bodies_days:
         found.append((now - timedelta(days=config.retention_bodies_days), True))
     return found
@@ -54,12 +65,13 @@ def exchanges(count: int) -> str:
 async def apply(config: Config, stop: asyncio.Event | None = None) -> None:
     """One run of the retention `config` sets; raises what the database raises."""
     from proxy.store import create_engine
-    from proxy.store.prune import prune, pruning
+    from proxy.store.prune import by_whole_days, prune, pruning
 
     engine = create_engine(config.db_url)
     try:
         async with pruning(engine) as pruner:
-            for before, bodies in cutoffs(config, datetime.now(UTC)):
+            whole_days = await by_whole_days(pruner)
+            for before, bodies in cutoffs(config, datetime.now(UTC), whole_days=whole_days):
                 began = time.monotonic()
                 done = await prune(pruner, before, bodies=bodies, stop=stop)
                 log.info(

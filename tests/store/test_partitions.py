@@ -256,3 +256,42 @@ async def until_async(condition: Callable[[], Awaitable[bool]], within: float) -
     while not await condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.2)
+
+
+async def test_the_configured_retention_cuts_whole_days_on_partitions(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """`retention_days` on a partitioned database cuts at the UTC midnight on or before its
+    cut, so a day goes as its dropped partitions, never an hour's exchanges at a time; an
+    explicit `--before` stays exact."""
+    from tests.cli.test_cli_store import cli
+
+    cut = datetime.now(UTC) - timedelta(days=3)
+    floor = midnight(cut.date())
+    gone = minted_at(chat_exchange(), floor - timedelta(hours=1))  # the day before the cut's
+    kept = minted_at(chat_exchange(), floor + (cut - floor) / 2)  # before the cut, in its day
+    await upgrade(pg_url)
+    engine = create_engine(pg_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(partitions.create_days, [floor.date() - timedelta(days=1)])
+    finally:
+        await engine.dispose()
+    assert await store(pg_url, [gone, kept]) == 2
+    config = tmp_path / "flightrec.toml"
+    config.write_text("retention_days = 3\n")
+    run = await cli("prune", "--config", str(config), db_url=pg_url)
+    assert run.code == 0, run.err
+    assert run.out == f"pruned 1 exchange started before {floor.isoformat()}\n"
+    ids = {row[0] for row in await query(pg_url, "SELECT id FROM exchanges")}
+    assert ids == {kept.id}
+    engine = create_engine(pg_url)
+    try:
+        async with engine.connect() as conn:
+            assert floor.date() - timedelta(days=1) not in await conn.run_sync(partitions.days)
+    finally:
+        await engine.dispose()
+    # To the second when asked for a time.
+    run = await cli("prune", "--before", cut.isoformat(), db_url=pg_url)
+    assert run.code == 0, run.err
+    assert run.out.startswith("pruned 1 exchange started before ")
