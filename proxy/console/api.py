@@ -112,8 +112,9 @@ async def overview_api(request: web.Request) -> web.Response:
     """SPEC 8's `/api/overview`, for the filters of the list."""
     query = request.query
     params.check_known(query, params.OVERVIEW_PARAMS)
+    console = state(request)
     found = await overview.overview(
-        state(request).db(), params.list_filters(query, state(request).names)
+        console.db(), params.list_filters(query, console.names), fold_later=console.fold_later
     )
     return json_response(found)
 

@@ -42,6 +42,7 @@ async def open_database(app: web.Application) -> AsyncIterator[None]:
             console.unchecked = True
         yield
     finally:
+        await console.stop_folding()
         console.engine = None
         await engine.dispose()
 

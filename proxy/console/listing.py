@@ -49,12 +49,14 @@ def sort_links(pairs: list[tuple[str, str]], current: str) -> dict[str, dict[str
     return out
 
 
-async def summary(engine: AsyncEngine, filters: ListFilters) -> list[tuple[str, str]] | None:
+async def summary(
+    engine: AsyncEngine, filters: ListFilters, fold_later: overview.FoldLater
+) -> list[tuple[str, str]] | None:
     """The filter's totals for the strip above the list; None for a text search (it would
     read every stored prompt for figures nobody asked for)."""
     if filters.q:
         return None
-    totals = (await overview.overview(engine, filters))["totals"]
+    totals = (await overview.overview(engine, filters, fold_later=fold_later))["totals"]
     requests = totals["requests"]
     rate = totals["errors"] / requests if requests else 0.0
     return [

@@ -107,7 +107,7 @@ async def overview_view(request: web.Request) -> web.StreamResponse:
         since = datetime.now(UTC) - timedelta(days=7)
         filters = dataclasses.replace(filters, base=dataclasses.replace(filters.base, since=since))
     engine = state(request).db()
-    found = await overview.overview(engine, filters)
+    found = await overview.overview(engine, filters, fold_later=state(request).fold_later)
     shared = [(k, v) for k, v in query.items() if v.strip()]
     if not query.get("since", "").strip():
         shared.append(("since", since_text))

@@ -91,7 +91,9 @@ async def list_view(request: web.Request) -> web.Response:
         first_url=_url(LIST, kept) if cursor else None,
         exports={f: _url("/export", [*filter_pairs, ("format", f)]) for f in EXPORT_TYPES},
         filtered=bool(filter_pairs),
-        summary=await listing.summary(engine, params.list_filters(query, state(request).names)),
+        summary=await listing.summary(
+            engine, params.list_filters(query, state(request).names), state(request).fold_later
+        ),
         sorts=listing.sort_links(kept, params.sort(query)),
         api_url=_url("/api/exchanges", [(k, v) for k, v in kept if k != "sort"]),
         live=not cursor and params.sort(query) == "newest",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 
 import jinja2
@@ -11,6 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.config import Config
 from proxy.keynames import KeyNames
 from proxy.sinks.metrics import MetricsSink
+from proxy.store import overview
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -27,6 +32,8 @@ class Console:
     """The database could not be read at start: checked on each request until it can."""
     unavailable: str | None = None
     """Why the database could not be read for the last request (logged once per reason)."""
+    folding: asyncio.Task[int] | None = None
+    """The overview's folded rows being written in the background (one batch at a time)."""
 
     @property
     def token(self) -> str | None:
@@ -41,8 +48,27 @@ class Console:
         assert self.engine is not None, "the console app is not running"
         return self.engine
 
+    def fold_later(self, stale: overview.Stale) -> None:
+        """The overview's runs to fold, written after the answer that found them (the API
+        and the pages only read): one batch at a time; a later request hands over what is
+        still not folded."""
+        if self.engine is None or (self.folding is not None and not self.folding.done()):
+            return
+        self.folding = asyncio.create_task(overview.fold_top(self.engine, stale))
+        self.folding.add_done_callback(_folded)
+
+    async def stop_folding(self) -> None:
+        if self.folding is not None and not self.folding.done():
+            self.folding.cancel()
+            await asyncio.gather(self.folding, return_exceptions=True)
+
 
 CONSOLE = web.AppKey("console", Console)
+
+
+def _folded(task: asyncio.Task[int]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("overview: folded rows not written: %s", task.exception())
 
 
 def state(request: web.Request) -> Console:

@@ -14,7 +14,7 @@ and any other filter (`outcome`, `status`, `q`, ...), are summed from the exchan
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -27,6 +27,9 @@ from proxy.store import tables as t
 from proxy.store.browse import ListFilters
 
 TOP = ("model", "key", "user", "tag")
+Stale = list[tuple[folds.Unit, list[folds.Unit]]]
+"""Folded runs to write, each with the units it is summed from (`folds.plan`)."""
+FoldLater = Callable[[Stale], None]
 TOP_SIZE = 10
 HOUR_BUCKETS_UP_TO = timedelta(days=3)
 """A range up to this long is drawn by the hour, a longer one by the day."""
@@ -167,9 +170,11 @@ async def _top_of_folds(
     conn: AsyncConnection,
     cut: list[Segment],
     found: list[tuple[datetime, list[int]]],
+    fold_later: FoldLater | None,
 ) -> list[Any]:
     """The top groups of the whole hours and days of `cut`, read from the fewest folded runs
-    that are current (`folds.py`); the runs that have ended and are not are folded first."""
+    that are current (`folds.py`). The runs that have ended and are not current are folded
+    first, or, given `fold_later`, handed to it and read from their halves this time."""
     whole = [seg for seg in cut if seg[0] != "raw"]
     if not whole:
         return []
@@ -191,11 +196,18 @@ async def _top_of_folds(
         return read, stale
 
     read, stale = planned(await folds.folded(conn, whole[0][1], whole[-1][2]))
-    if stale and await folds.fold(engine, stale, ("all", *TOP)):
+    if stale and fold_later is not None:
+        fold_later(stale)
+    elif stale and await fold_top(engine, stale):
         read, stale = planned(await folds.folded(conn, whole[0][1], whole[-1][2]))
     if not read:
         return []
     return list((await conn.execute(folds.grouped(read, TOP))).mappings())
+
+
+async def fold_top(engine: AsyncEngine, stale: Stale) -> int:
+    """Write the folded rows of the top lists for `stale` (from `_top_of_folds`)."""
+    return await folds.fold(engine, stale, ("all", *TOP))
 
 
 def _top(rows: list[Any]) -> dict[str, list[dict[str, Any]]]:
@@ -261,10 +273,16 @@ def buckets(since: datetime, until: datetime, bucket: str) -> list[datetime]:
 
 
 async def overview(
-    engine: AsyncEngine, filters: ListFilters | None = None, now: datetime | None = None
+    engine: AsyncEngine,
+    filters: ListFilters | None = None,
+    now: datetime | None = None,
+    *,
+    fold_later: FoldLater | None = None,
 ) -> dict[str, Any]:
     """`{"bucket", "since", "until", "points": [[start, requests, errors, cost_usd, p50_ms,
-    p95_ms, ttft_p50_ms], ...], "totals": {...}, "top": {"model", "key", "user", "tag"}}`."""
+    p95_ms, ttft_p50_ms], ...], "totals": {...}, "top": {"model", "key", "user", "tag"}}`.
+    `fold_later`: where the runs to fold go instead of being folded before the answer (the
+    console's JSON API and pages only read; they fold in the background)."""
     filters = filters or ListFilters()
     until = filters.base.until or now or datetime.now(UTC)
     async with engine.connect() as conn:
@@ -284,7 +302,7 @@ async def overview(
         edges = {seg: await _raw(conn, filters, seg[1], seg[2], dims) for seg in ragged}
         if chosen == ("all", None):
             found = await _series(conn, chosen, cut, edges)
-            stored = await _top_of_folds(engine, conn, cut, found)
+            stored = await _top_of_folds(engine, conn, cut, found, fold_later)
             top = _top([*stored, *(row for seg in ragged for row in edges[seg])])
         else:
             # The sums hold no cross-facet rows: a filter's top lists, and any filter they

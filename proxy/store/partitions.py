@@ -22,9 +22,7 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import aggregate_order_by
 
 from proxy.store import rollups
 from proxy.store import tables as t
@@ -39,8 +37,8 @@ AHEAD_DAYS = 7
 """Days created ahead of today."""
 EVERY = 3600.0
 """Seconds between two runs of `keep_ahead` in `serve`."""
-FOLD_WORK_MEM = "256MB"
-"""PostgreSQL's `work_mem` for the fold of a day (for its transaction only)."""
+FOLD_SETTINGS = ("work_mem = '256MB'", "jit = off", "enable_hashjoin = off")
+"""PostgreSQL settings for the fold of a day (`SET LOCAL`: its transaction only)."""
 _DAY_NAME = re.compile(r"^exchanges_p(\d{8})$")
 
 
@@ -140,7 +138,13 @@ def due_days(conn: sa.Connection, before: datetime) -> list[date]:
 
 def fold(conn: sa.Connection, day: date) -> list[rollups.Rollup]:
     """The rollups of every exchange in `day`'s partition, summed by the database by the
-    rules of `rollups.fold_query` and `rollups.add` (one row per day, group and tag set)."""
+    rules of `rollups.fold_query` and `rollups.add` (one row per day, group and tag set).
+
+    The three partitions are walked in their primary keys' order, which is the exchange id's
+    in each, so the joins are merges and nothing is hashed before the one aggregate (a day's
+    usage rows filled a hash of the whole partition first). Each exchange's tags are
+    gathered as they come, unsorted (ordering each exchange's handful of tags was a sort per
+    exchange); `_merged` sorts them and adds up the groups that differ only in that order."""
     ex, usage, tags = t.exchanges, t.usage, t.tags
     low, high = bound(day), bound(day + timedelta(days=1))
 
@@ -149,58 +153,70 @@ def fold(conn: sa.Connection, day: date) -> list[rollups.Rollup]:
         key = table.c.id if table is ex else table.c.exchange_id
         return key >= low, key < high
 
-    # One big aggregate: memory to hash and sort it without spilling to disk, and no JIT
-    # compilation (it costs more than it saves on a query run once a day).
-    conn.execute(sa.text(f"SET LOCAL work_mem = '{FOLD_WORK_MEM}'"))
-    conn.execute(sa.text("SET LOCAL jit = off"))
-    pair = sa.func.json_build_array(tags.c.key, tags.c.value)
+    # One big aggregate: memory to hash it without spilling to disk, no JIT compilation (it
+    # costs more than it saves on a query run once a day), merge joins on the keys' order.
+    for setting in FOLD_SETTINGS:
+        conn.execute(sa.text(f"SET LOCAL {setting}"))
     tagged = (
         sa.select(
             tags.c.exchange_id,
-            sa.cast(
-                sa.func.json_agg(aggregate_order_by(pair, tags.c.key, tags.c.value)), sa.Text
-            ).label("tag_set"),
+            sa.func.array_agg(tags.c.key).label("tag_keys"),
+            sa.func.array_agg(tags.c.value).label("tag_values"),
         )
         .where(*in_day(tags))
         .group_by(tags.c.exchange_id)
         .subquery("tagged")
     )
-    each = (
-        sa.select(
-            sa.func.date_trunc("day", sa.func.timezone("UTC", ex.c.started_at)).label("day"),
-            *(ex.c[column] for column in rollups.GROUP),
-            tagged.c.tag_set,
-            *(usage.c[total] for total in rollups.SUMS[1:5]),
-            cost_nano().label("cost_nano"),
-            sa.case((ex.c.cost_usd.is_not(None), 1), else_=0).label("priced"),
-            sa.case((is_unpriced(), 1), else_=0).label("unpriced"),
-        )
+    keys = [
+        sa.func.date_trunc("day", sa.func.timezone("UTC", ex.c.started_at)).label("day"),
+        *(ex.c[column] for column in rollups.GROUP),
+        tagged.c.tag_keys,
+        tagged.c.tag_values,
+    ]
+    summed = [
+        *(
+            sa.func.coalesce(sa.func.sum(usage.c[total]), 0).label(total)
+            for total in rollups.SUMS[1:5]
+        ),
+        sa.func.coalesce(sa.func.sum(cost_nano()), 0).label("cost_nano"),
+        sa.func.count(ex.c.cost_usd).label("priced"),
+        sa.func.count().filter(is_unpriced()).label("unpriced"),
+    ]
+    query = (
+        sa.select(*keys, sa.func.count().label("requests"), *summed)
         .select_from(
             ex.outerjoin(usage, sa.and_(usage.c.exchange_id == ex.c.id, *in_day(usage))).outerjoin(
                 tagged, tagged.c.exchange_id == ex.c.id
             )
         )
         .where(*in_day(ex))
-        .subquery("each")
+        .group_by(*(sa.literal_column(str(n)) for n in range(1, len(keys) + 1)))  # by position
     )
-    keys = [each.c.day, *(each.c[column] for column in rollups.GROUP), each.c.tag_set]
-    summed = [
-        sa.func.coalesce(sa.func.sum(each.c[total]), 0).label(total) for total in rollups.SUMS[1:]
-    ]
-    query = sa.select(*keys, sa.func.count().label("requests"), *summed).group_by(*keys)
-    return [_rollup(row) for row in conn.execute(query)]
+    return _merged(_rollup(row) for row in conn.execute(query))
 
 
 def _rollup(row: Any) -> rollups.Rollup:
-    pairs = orjson.loads(row.tag_set) if row.tag_set else []
+    pairs = zip(row.tag_keys or (), row.tag_values or (), strict=True)
     found = rollups.Rollup(
         row.day.replace(tzinfo=UTC),
         tuple(getattr(row, column) for column in rollups.GROUP),
-        tuple(sorted((key, value) for key, value in pairs)),
+        tuple(sorted(pairs)),
     )
     for total in rollups.SUMS:
         found.totals[total] = int(getattr(row, total))
     return found
+
+
+def _merged(found: Iterable[rollups.Rollup]) -> list[rollups.Rollup]:
+    """`found` with the rollups of one id (the same tags, gathered in another order) added
+    up: one row per id, as the upsert of `rollups.save` needs."""
+    merged: dict[str, rollups.Rollup] = {}
+    for rollup in found:
+        into = merged.setdefault(rollup.id, rollup)
+        if into is not rollup:
+            for total in rollups.SUMS:
+                into.totals[total] += rollup.totals[total]
+    return list(merged.values())
 
 
 def drop_day(conn: sa.Connection, day: date) -> int:
@@ -212,10 +228,10 @@ def drop_day(conn: sa.Connection, day: date) -> int:
     on, and wait only for the detaching at the end."""
     for table in (PARENT, *CHILDREN):
         conn.execute(sa.text(f'LOCK TABLE "{name(table, day)}" IN SHARE MODE'))
-    count = conn.execute(sa.text(f'SELECT count(*) FROM "{name(PARENT, day)}"')).scalar_one()
-    rollups.save(conn, fold(conn, day))
+    folded = fold(conn, day)
+    rollups.save(conn, folded)
     for table in (*CHILDREN, PARENT):
         part = name(table, day)
         conn.execute(sa.text(f'ALTER TABLE "{table}" DETACH PARTITION "{part}"'))
         conn.execute(sa.text(f'DROP TABLE "{part}"'))
-    return int(count)
+    return sum(rollup.totals["requests"] for rollup in folded)  # each exchange in one rollup

@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from proxy.console.state import CONSOLE
 from proxy.exchange import Exchange
 from proxy.sinks.settle import settle
 from proxy.store import create_engine, folds
@@ -24,6 +25,7 @@ from proxy.store.rows import rows_for
 from proxy.store.writer import writer_for
 from tests import dbs
 from tests.console.test_overview import cost, summed
+from tests.console_data import console_app
 from tests.store.test_prune import prune_before
 
 db_url = dbs.db_url  # fixture
@@ -187,3 +189,46 @@ async def test_a_database_that_refuses_the_folded_rows_is_read_from_the_days(
     assert await folded_rows(url) == {}
     assert locked == await agrees_with_cost(url, since, until)  # folds now, same answer
     assert await folded_rows(url) != {}
+
+
+async def test_the_console_answers_without_writing_and_folds_in_the_background(
+    aiohttp_client: Any, db_url: str
+) -> None:
+    await upgrade(db_url)
+    await write(db_url, traffic())
+    since, until = datetime(2026, 9, 21, tzinfo=UTC), datetime(2026, 10, 24, 13, 41, tzinfo=UTC)
+    # Given somewhere to put them, the overview hands over the runs to fold and writes nothing.
+    handed: list[Any] = []
+    engine = create_engine(db_url)
+    try:
+        direct = await overview(
+            engine, ListFilters(Filters(since, until)), fold_later=handed.append
+        )
+    finally:
+        await engine.dispose()
+    assert handed and all(stale for stale in handed)
+    assert await folded_rows(db_url) == {}
+    assert direct == await agrees_with_cost(db_url, since, until)  # folds inline
+    await clear_folds(db_url)
+    # The console's API does the same, then folds after answering.
+    app = console_app(db_url)
+    client = await aiohttp_client(app)
+    query = {"since": iso(since), "until": iso(until)}
+    first = await client.get("/api/overview", params=query)
+    assert first.status == 200, await first.text()
+    folding = app[CONSOLE].folding
+    assert folding is not None
+    assert await folding > 0
+    assert await folded_rows(db_url) != {}
+    again = await client.get("/api/overview", params=query)
+    assert await again.json() == await first.json()
+    assert app[CONSOLE].folding is folding  # nothing left to fold
+
+
+async def clear_folds(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.delete(t.facets).where(t.facets.c.span.in_(folds.LEVELS)))
+    finally:
+        await engine.dispose()

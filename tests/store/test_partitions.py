@@ -14,7 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from proxy.exchange import Exchange, format_id
-from proxy.store import create_engine, partitions
+from proxy.store import create_engine, partitions, rollups
+from proxy.store import tables as t
 from proxy.store.filters import Filters
 from proxy.store.migrate import downgrade, upgrade
 from proxy.store.report import cost_report
@@ -166,6 +167,51 @@ async def test_retention_drops_whole_days_and_every_report_stays(pg_url: str) ->
     assert (await counts(pg_url))["exchanges"] == 40
     assert await reports(pg_url) == before
     assert await prune_before(pg_url, cut) == 0
+
+
+def batch_fold(conn: sa.Connection, day: date) -> list[tuple[Any, ...]]:
+    """The rollups of `day`'s exchanges as the batched deletes fold them (`rollups.add`)."""
+    ids = [row.id for row in conn.execute(sa.select(t.exchanges.c.id))]
+    ids = [id_ for id_ in ids if partitions.day_of(id_) == day]
+    tagged: dict[str, list[tuple[str, str]]] = {id_: [] for id_ in ids}
+    for row in conn.execute(sa.select(t.tags).where(t.tags.c.exchange_id.in_(ids))):
+        tagged[row.exchange_id].append((row.key, row.value))
+    return described(rollups.add(conn.execute(rollups.fold_query(ids)), tagged))
+
+
+def described(found: list[rollups.Rollup]) -> list[tuple[Any, ...]]:
+    return sorted((r.id, r.day, r.group, r.tags, sorted(r.totals.items())) for r in found)
+
+
+async def test_a_days_fold_sums_as_the_batches_do_whatever_order_its_tags_come_in(
+    pg_url: str,
+) -> None:
+    day = TODAY - timedelta(days=2)
+    exchanges = workload(90, days=1)
+    shift = midnight(day) - datetime(2026, 3, 1, tzinfo=UTC)
+    for n, ex in enumerate(exchanges):
+        minted_at(ex, datetime.fromtimestamp(ex.started_at, UTC) + shift)
+        if n % 3 == 0:  # one tag set, its rows written in either order: one rollup
+            ex.tags = {"team": "red", "app": "web"} if n % 2 else {"app": "web", "team": "red"}
+    await upgrade(pg_url)
+    engine = create_engine(pg_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(partitions.create_days, [day])
+        assert await store(pg_url, exchanges) == 90
+        async with engine.connect() as conn:
+            expected = await conn.run_sync(batch_fold, day)
+            assert any(len(tags) == 2 for _, _, _, tags, _ in expected)
+            assert sum(dict(totals)["requests"] for *_, totals in expected) == 90
+            # Walked in key order (the plan the fold asks for) and in the heap's order, where
+            # each exchange's tags come as they were written.
+            for scans in ((), ("enable_indexscan = off", "enable_bitmapscan = off")):
+                for setting in scans:
+                    await conn.execute(sa.text(f"SET LOCAL {setting}"))
+                assert described(await conn.run_sync(partitions.fold, day)) == expected
+                await conn.rollback()
+    finally:
+        await engine.dispose()
 
 
 async def test_serve_creates_the_partitions_ahead(pg_url: str, tmp_path: Path) -> None:
