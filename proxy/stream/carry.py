@@ -17,7 +17,7 @@ import re
 
 import orjson
 
-from proxy.stream.sse import SSEParser
+from proxy.stream.sse import SSEParser, one_data_line
 
 USAGE_SHAPE = frozenset(
     {"id", "object", "created", "model", "system_fingerprint", "choices", "usage", "obfuscation"}
@@ -117,14 +117,19 @@ def _with_members(data: bytes, cut: list[bytes]) -> bytes:
 def _carrying(usage_event: bytes) -> list[bytes]:
     """The data of the events in `usage_event` (a usage event cut out) that hold a member
     besides the usage event's own shape: the only ones with something for a finish chunk."""
+    one = one_data_line(usage_event)
+    if one is not None:
+        datas = [one]
+    else:
+        datas = [event.data for event in SSEParser(from_start=False).feed(usage_event)]
     carrying = []
-    for event in SSEParser(from_start=False).feed(usage_event):
+    for data in datas:
         try:
-            chunk = orjson.loads(event.data)
+            chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
             continue
         if isinstance(chunk, dict) and not USAGE_SHAPE.issuperset(chunk):
-            carrying.append(event.data)
+            carrying.append(data)
     return carrying
 
 

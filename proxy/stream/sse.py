@@ -36,6 +36,20 @@ class Event:
     """Stream offset just past the line terminator of the blank line that dispatched it."""
 
 
+def one_data_line(event: bytes) -> bytes | None:
+    """The data of `event`, whole events from between two events, when it is a single event
+    of one `data: ` line (LF line ends), as `SSEParser` gives it; None otherwise (then the
+    parser reads it). Such an event needs no parser built and fed."""
+    if (
+        event.startswith(b"data: ")
+        and event.find(b"\n") == len(event) - 2
+        and event.endswith(b"\n\n")
+        and b"\r" not in event
+    ):
+        return event[6:-2]
+    return None
+
+
 class SSEParser:
     """Feed it the stream piece by piece; it returns the events each piece completes."""
 
