@@ -17,7 +17,7 @@ import re
 
 import orjson
 
-from proxy.stream.sse import SSEParser
+from proxy.stream.sse import SSEParser, one_data_line
 
 USAGE_SHAPE = frozenset(
     {"id", "object", "created", "model", "system_fingerprint", "choices", "usage", "obfuscation"}
@@ -90,6 +90,9 @@ def _is_finish(event: bytes) -> bool:
 
 def _with_members(data: bytes, cut: list[bytes]) -> bytes:
     """`data` with the members of the usage events `cut` that its last finish chunk lacks."""
+    carried = [usage_data for usage_event in cut for usage_data in _carrying(usage_event)]
+    if not carried:  # OpenAI's: its events are not read again, nor walked byte by byte
+        return data
     events = SSEParser(from_start=False).feed(data)
     finish = next((e for e in reversed(events) if _is_finish(data[e.start : e.end])), None)
     if finish is None:
@@ -99,17 +102,35 @@ def _with_members(data: bytes, cut: list[bytes]) -> bytes:
     assert parsed is not None
     found, chunk = parsed
     added = b""
-    for usage_event in cut:
-        for usage_data in (e.data for e in SSEParser(from_start=False).feed(usage_event)):
-            for key, value in _members(usage_data):
-                name = orjson.loads(key)
-                if name not in USAGE_SHAPE and name not in chunk:
-                    chunk[name] = None
-                    added += b"," + key + b":" + value
+    for usage_data in carried:
+        for key, value in _members(usage_data):
+            name = orjson.loads(key)
+            if name not in USAGE_SHAPE and name not in chunk:
+                chunk[name] = None
+                added += b"," + key + b":" + value
     if not added:
         return data
     at = finish.start + found.end(1) - 1  # before the object's closing brace
     return data[:at] + added + data[at:]
+
+
+def _carrying(usage_event: bytes) -> list[bytes]:
+    """The data of the events in `usage_event` (a usage event cut out) that hold a member
+    besides the usage event's own shape: the only ones with something for a finish chunk."""
+    one = one_data_line(usage_event)
+    if one is not None:
+        datas = [one]
+    else:
+        datas = [event.data for event in SSEParser(from_start=False).feed(usage_event)]
+    carrying = []
+    for data in datas:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(chunk, dict) and not USAGE_SHAPE.issuperset(chunk):
+            carrying.append(data)
+    return carrying
 
 
 def _members(data: bytes) -> list[tuple[bytes, bytes]]:

@@ -35,8 +35,7 @@ def compress_whole(data: bytes | bytearray) -> bytes:
     bits = _MIN_BITS
     while bits < _MAX_BITS and (1 << bits) - _LOOKAHEAD < len(data):
         bits += 1
-    compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + bits)
-    return compressor.compress(data) + compressor.flush()
+    return zlib.compress(data, 1, 16 + bits)
 
 
 class RawCopy:

@@ -36,6 +36,20 @@ class Event:
     """Stream offset just past the line terminator of the blank line that dispatched it."""
 
 
+def one_data_line(event: bytes) -> bytes | None:
+    """The data of `event`, whole events from between two events, when it is a single event
+    of one `data: ` line (LF line ends), as `SSEParser` gives it; None otherwise (then the
+    parser reads it). Such an event needs no parser built and fed."""
+    if (
+        event.startswith(b"data: ")
+        and event.find(b"\n") == len(event) - 2
+        and event.endswith(b"\n\n")
+        and b"\r" not in event
+    ):
+        return event[6:-2]
+    return None
+
+
 class SSEParser:
     """Feed it the stream piece by piece; it returns the events each piece completes."""
 
@@ -125,20 +139,28 @@ class SSEParser:
         base = self.offset - len(buf)
         pos = 0
         if b"\r" not in buf:
-            nl = buf.find(b"\n")
+            # Nearly every line of a token stream is a `data: ` line or the blank line after
+            # it: those are read here, the event's state in locals, its value sliced out of
+            # the buffer once; `_line` does the rest, with the state handed over.
+            start, data, find = self._start, self._data, buf.find
+            nl = find(b"\n")
             while nl >= 0:
                 if buf.startswith(b"data: ", pos):
-                    # Nearly every line of a token stream: its value is sliced out of the
-                    # buffer once, not the line and then the value (`_line` does the rest).
-                    if self._start is None:
-                        self._start = base + pos
-                    self._data.append(buf[pos + 6 : nl])
-                elif nl == pos and self._data:
-                    self._dispatch(base + nl + 1, events)
+                    if start is None:
+                        start = base + pos
+                    data.append(buf[pos + 6 : nl])
+                elif nl == pos and data:
+                    assert start is not None
+                    value = data[0] if len(data) == 1 else b"\n".join(data)
+                    events.append(Event(value, self._event, self._id, start, base + nl + 1))
+                    start, data, self._event = None, [], None
                 else:
+                    self._start, self._data = start, data
                     self._line(buf[pos:nl], base + pos, base + nl + 1, events)
+                    start, data = self._start, self._data
                 pos = nl + 1
-                nl = buf.find(b"\n", pos)
+                nl = find(b"\n", pos)
+            self._start, self._data = start, data
         else:
             size = len(buf)
             for match in _EOL.finditer(buf):

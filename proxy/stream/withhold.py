@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from proxy.stream.carry import FinishCarry
-from proxy.stream.sse import SSEParser
+from proxy.stream.sse import SSEParser, one_data_line
 
 _KEY = rb'"(?:u|\\u0075)(?:s|\\u0073)(?:a|\\u0061)(?:g|\\u0067)(?:e|\\u0065)"'
 """The usage key, any of its letters perhaps escaped (`"\\u0075sage"`)."""
@@ -105,6 +105,9 @@ def _blank_line_after(events: bytes, inside: int) -> int:
 
 def _usage_events(events: bytes, start: int, end: int) -> list[tuple[int, int]]:
     """Where the usage events among the whole events `events[start:end]` are."""
+    data = one_data_line(events[start:end])
+    if data is not None:  # nearly always: the usage event alone, in one line
+        return [(start, end)] if holds_usage(data) and _is_usage_event_data(data) else []
     return [
         (start + event.start, start + event.end)
         for event in SSEParser(from_start=False).feed(events[start:end])

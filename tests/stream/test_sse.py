@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.stream.sse import Event, SSEParser
+from proxy.stream.sse import Event, SSEParser, one_data_line
 from tests.conftest import captures
 
 # One stream with every quirk: BOM, keep-alive comments, CRLF, bare CR, a multi-byte UTF-8
@@ -316,6 +316,34 @@ def test_random_streams_match_the_reference(
     bounds = [0, *cuts, len(stream)]
     pieces = [stream[a:b] for a, b in itertools.pairwise(bounds)]
     assert parse(pieces) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(_line, _eol), max_size=4))
+def test_one_data_line_reads_as_the_parser(lines: list[tuple[bytes, bytes]]) -> None:
+    """Where `one_data_line` reads an event without the parser, the parser reads the same."""
+    event = b"".join(a + b for a, b in lines)
+    data = one_data_line(event)
+    if data is not None:
+        assert SSEParser(from_start=False).feed(event) == [Event(data, None, None, 0, len(event))]
+
+
+@pytest.mark.parametrize(
+    ("event", "data"),
+    [
+        (b'data: {"usage": {}}\n\n', b'{"usage": {}}'),
+        (b"data:  two spaces\n\n", b" two spaces"),
+        (b"data: a\r\n\r\n", None),
+        (b"data: a\rb\n\n", None),
+        (b"data: a\ndata: b\n\n", None),
+        (b": ping\ndata: a\n\n", None),
+        (b"event: x\ndata: a\n\n", None),
+        (b"data: a\n", None),
+        (b"data:a\n\n", None),
+    ],
+)
+def test_one_data_line(event: bytes, data: bytes | None) -> None:
+    assert one_data_line(event) == data
 
 
 def test_reference_agrees_on_the_quirk_stream() -> None:
