@@ -22,11 +22,17 @@ import orjson
 
 
 def dumps(value: Any) -> str:
-    """JSON text; stdlib fallback for what orjson refuses (ints beyond 64 bits)."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:
-        return json.dumps(value, default=str)
+    """JSON text; stdlib fallback for what orjson refuses (ints beyond 64 bits).
+
+    The store's JSON columns call this for every value (two a logprob token), and nearly
+    every value has text keys only: orjson's plain path first, `OPT_NON_STR_KEYS` (which has
+    it look at each key's type) only for a value that has others."""
+    for option in (None, orjson.OPT_NON_STR_KEYS):
+        try:
+            return orjson.dumps(value, option=option).decode()
+        except TypeError:
+            continue
+    return json.dumps(value, default=str)
 
 
 _CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]

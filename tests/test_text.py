@@ -85,3 +85,14 @@ async def test_replay_comparison_escapes_recorded_controls(tmp_path: Path) -> No
     out = render([compare(shown, replayed)])
     assert "\x1b" not in out and "\x9b" not in out and "\r" not in out
     assert "\\x1b]0;pwned\\x07" in out
+
+
+def test_json_columns_take_text_keys_other_keys_and_big_ints() -> None:
+    """`text.dumps` (every JSON column): the plain path, non-text keys and ints orjson
+    refuses each give the JSON they are."""
+    from proxy.text import dumps
+
+    top = [{"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]}]
+    assert orjson.loads(dumps(top)) == top
+    assert dumps({1: "a", "b": None}) == '{"1":"a","b":null}'
+    assert orjson.loads(dumps({"n": 2**70})) == {"n": 2**70}
