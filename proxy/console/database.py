@@ -42,8 +42,8 @@ async def open_database(app: web.Application) -> AsyncIterator[None]:
             console.unchecked = True
         yield
     finally:
+        console.engine = None  # no fold starts now
         await console.stop_folding()
-        console.engine = None
         await engine.dispose()
 
 

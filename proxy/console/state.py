@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import jinja2
@@ -16,6 +17,8 @@ from proxy.sinks.metrics import MetricsSink
 from proxy.store import overview
 
 log = logging.getLogger(__name__)
+FOLD_RETRY = 300.0
+"""Seconds before folded rows are written again after the database refused them."""
 
 
 @dataclass(slots=True)
@@ -34,6 +37,9 @@ class Console:
     """Why the database could not be read for the last request (logged once per reason)."""
     folding: asyncio.Task[int] | None = None
     """The overview's folded rows being written in the background (one batch at a time)."""
+    fold_refused_at: float | None = None
+    """When the database last refused folded rows (read-only, locked): not asked again for
+    `FOLD_RETRY` seconds; meanwhile the overview reads the hours and days."""
 
     @property
     def token(self) -> str | None:
@@ -54,8 +60,21 @@ class Console:
         still not folded."""
         if self.engine is None or (self.folding is not None and not self.folding.done()):
             return
-        self.folding = asyncio.create_task(overview.fold_top(self.engine, stale))
-        self.folding.add_done_callback(_folded)
+        refused = self.fold_refused_at
+        if refused is not None and time.monotonic() - refused < FOLD_RETRY:
+            return
+        self.folding = asyncio.create_task(self._fold(self.engine, stale))
+
+    async def _fold(self, engine: AsyncEngine, stale: overview.Stale) -> int:
+        try:
+            done = await overview.fold_top(engine, stale)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("overview: folded rows not written: %s", exc)
+            done = 0
+        self.fold_refused_at = None if done == len(stale) else time.monotonic()
+        return done
 
     async def stop_folding(self) -> None:
         if self.folding is not None and not self.folding.done():
@@ -64,11 +83,6 @@ class Console:
 
 
 CONSOLE = web.AppKey("console", Console)
-
-
-def _folded(task: asyncio.Task[int]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("overview: folded rows not written: %s", task.exception())
 
 
 def state(request: web.Request) -> Console:

@@ -130,14 +130,19 @@ async def folded(
 
 def rows_of(units: Sequence[Unit], dims: Sequence[str]) -> Any:
     """`dim`, `value`, `hint` and the `KEPT` sums of the facet rows of `dims` in `units`
-    (consecutive single hours or days as one range): a UNION ALL of one SELECT per range,
-    each read from the index that holds those columns (`ix_facets_top`)."""
+    (single hours or days next to each other in `units` as one range): a UNION ALL of one
+    SELECT per range, each read from the index that holds those columns (`ix_facets_top`).
+
+    Two single hours or days next to each other in `units` are one range even with a gap
+    between them: `plan` leaves out only the hours and days without rows, and a folded run
+    between them would stand between them in `units`. So a long history with gaps is still a
+    few SELECTs (SQLite refuses a UNION of more than 500)."""
     f = t.facets
     ranges: list[tuple[str, datetime, datetime]] = []
     for span, first, length in units:
         base = LEVELS[span][0] if span in LEVELS else span
         lo, hi = start(base, first), start(base, first + length)
-        if length == 1 and ranges and ranges[-1][0] == span and ranges[-1][2] == lo:
+        if length == 1 and ranges and ranges[-1][0] == span and ranges[-1][2] <= lo:
             ranges[-1] = (span, ranges[-1][1], hi)
         elif length == 1:
             ranges.append((span, lo, hi))
@@ -179,6 +184,8 @@ def fold_statement(dialect: str, unit: Unit, parts: Sequence[Unit], dims: Sequen
         *(summed.c[column] for column in KEPT),
         *(zero for _ in rest),
     ).where(sa.true())  # SQLite reads `ON CONFLICT` after a bare FROM as a join's ON
+    if dialect == "postgresql":  # rows locked in key order: two folds of one run wait, not deadlock
+        select = select.order_by(summed.c.dim, summed.c.value)
     insert = postgresql.insert(f) if dialect == "postgresql" else sqlite.insert(f)
     statement = insert.from_select(["dim", "span", "start", "value", "hint", *KEPT, *rest], select)
     replaced = {column: statement.excluded[column] for column in ("hint", *KEPT)}

@@ -220,8 +220,9 @@ def _merged(found: Iterable[rollups.Rollup]) -> list[rollups.Rollup]:
 
 
 def drop_day(conn: sa.Connection, day: date) -> int:
-    """Fold `day` into the rollups, then detach and drop its partitions, children first (the
-    foreign keys are checked against what is left); returns how many exchanges went.
+    """Fold `day` into the rollups, then detach and drop its partitions, children first (a
+    database from before migration 0012 checks its foreign keys against what is left);
+    returns how many exchanges went.
 
     The day's partitions are locked against writes first, so a record written late (a
     journal replayed) cannot land between the fold and the drop; inserts into other days go

@@ -232,3 +232,66 @@ async def clear_folds(url: str) -> None:
             await conn.execute(sa.delete(t.facets).where(t.facets.c.span.in_(folds.LEVELS)))
     finally:
         await engine.dispose()
+
+
+async def test_a_long_history_with_gaps_is_read_in_a_few_selects(tmp_path: Any) -> None:
+    """1,040 days with exchanges every other day, nothing folded yet: the top lists read the
+    days as a few ranges (SQLite refuses a UNION of more than 500 SELECTs)."""
+    url = dbs.sqlite_url(tmp_path / "flightrec.db")
+    await upgrade(url)
+    first = datetime(2023, 6, 1, tzinfo=UTC)
+    rows = []
+    for i in range(520):
+        at = first + timedelta(days=2 * i)
+        for dim, value in (("all", ""), ("model", "gpt-4o")):
+            for span, begins in (("day", at), ("hour", at + timedelta(hours=5))):
+                sums = dict.fromkeys(t.FACET_SUMS, 0) | {"requests": 1}
+                rows.append({"dim": dim, "span": span, "start": begins, "value": value, **sums})
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(t.facets.insert(), rows)
+        handed: list[Any] = []
+        found = await overview(engine, ListFilters(), fold_later=handed.append)
+    finally:
+        await engine.dispose()
+    assert found["totals"]["requests"] == 520
+    assert [(row["group"], row["requests"]) for row in found["top"]["model"]] == [("gpt-4o", 520)]
+    assert handed and await folded_rows(url) == {}
+
+
+async def test_a_refused_fold_is_not_asked_again_at_once(tmp_path: Any) -> None:
+    """The console's background fold against a database that refuses it (another writer
+    holds SQLite's lock): the overview still answers from the days, and the fold is not tried
+    again on every request, only after `FOLD_RETRY`."""
+    from proxy.config import Config
+    from proxy.console import templates
+    from proxy.console.state import FOLD_RETRY, Console
+
+    url = dbs.sqlite_url(tmp_path / "flightrec.db")
+    await upgrade(url)
+    await write(url, traffic())
+    since, until = datetime(2026, 9, 21, tzinfo=UTC), datetime(2026, 10, 24, 13, 41, tzinfo=UTC)
+    filters = ListFilters(Filters(since, until))
+    other = sqlite3.connect(tmp_path / "flightrec.db")
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock past the busy timeout
+    engine = create_engine(url, busy_timeout_ms=20)
+    console = Console(Config(), templates(), engine=engine)
+    try:
+        found = await overview(engine, filters, fold_later=console.fold_later)
+        refused = console.folding
+        assert refused is not None and await refused == 0
+        assert console.fold_refused_at is not None
+        assert await overview(engine, filters, fold_later=console.fold_later) == found
+        assert console.folding is refused  # not tried again
+        other.rollback()
+        console.fold_refused_at -= FOLD_RETRY
+        assert await overview(engine, filters, fold_later=console.fold_later) == found
+        assert console.folding is not refused and await console.folding > 0
+        assert console.fold_refused_at is None
+    finally:
+        await console.stop_folding()
+        await engine.dispose()
+        other.close()
+    assert await folded_rows(url) != {}
+    assert found == await agrees_with_cost(url, since, until)
