@@ -92,14 +92,29 @@ async def _run(url: str, direction: str, revision: str) -> None:
         await check_connection(engine)
         config = alembic_config()
         try:
-            async with engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    # Several proxies may start at once against one database: the first
-                    # migrates, the others wait here and then find it at head.
-                    await conn.execute(
-                        sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
-                    )
-                await conn.run_sync(_command, config, direction, revision)
+            async with engine.connect() as conn:
+                sqlite = conn.dialect.name == "sqlite"
+                if sqlite:
+                    # SQLite drops a column by building the table anew and dropping the old
+                    # one (alembic's batch mode); with foreign keys on, dropping `exchanges`
+                    # would delete every child row through ON DELETE CASCADE. The pragma only
+                    # takes effect outside a transaction.
+                    await conn.exec_driver_sql("PRAGMA foreign_keys = OFF")
+                    await conn.commit()
+                try:
+                    async with conn.begin():
+                        if conn.dialect.name == "postgresql":
+                            # Several proxies may start at once against one database: the
+                            # first migrates, the others wait here and then find it at head.
+                            await conn.execute(
+                                sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                                {"key": _PG_MIGRATION_LOCK},
+                            )
+                        await conn.run_sync(_command, config, direction, revision)
+                finally:
+                    if sqlite:
+                        await conn.exec_driver_sql("PRAGMA foreign_keys = ON")
+                        await conn.commit()
         except (sa.exc.SQLAlchemyError, CommandError) as exc:
             raise StoreError(
                 f"migration {direction} to {revision} failed: {describe(exc)}"

@@ -295,3 +295,53 @@ async def row_counts(url: str) -> dict[str, int]:
             return found
     finally:
         await engine.dispose()
+
+
+async def test_0008_fills_the_sums_from_stored_exchanges_as_the_writer_keeps_them(
+    db_url: str,
+) -> None:
+    """The facet sums the writer kept for its exchanges, dropped (down to 0009) and made again
+    by 0008 from the stored exchanges: the same rows."""
+    from proxy.store import tables as t
+
+    await upgrade(db_url)
+    exchanges = [
+        chat_exchange(
+            started_at=1_790_000_000 + 1800 * i,
+            model=("gpt-4o-mini", "gpt-4o")[i % 2],
+            user=f"user-{i % 3}",
+            key_hash=("a" if i % 2 else "b") * 64,
+            tags={"team": "red" if i % 3 else "blue"},
+            duration_ms=50.0 + 40 * i,
+        )
+        for i in range(60)
+    ]
+    assert await store(db_url, exchanges) == 60
+
+    async def sums() -> list[tuple[Any, ...]]:
+        engine = create_engine(db_url)
+        f = t.facets
+        query = sa.select(f).where(f.c.span.in_(("hour", "day"))).order_by(*f.primary_key)
+        try:
+            async with engine.connect() as conn:
+                return [tuple(row) for row in await conn.execute(query)]
+        finally:
+            await engine.dispose()
+
+    async def children() -> dict[str, int]:
+        engine = create_engine(db_url)
+        try:
+            async with engine.connect() as conn:
+                return {
+                    table: await conn.scalar(sa.text(f"SELECT count(*) FROM {table}"))
+                    for table in CHILDREN
+                }
+        finally:
+            await engine.dispose()
+
+    kept, rows = await sums(), await children()
+    assert len(kept) > 60 and rows["usage"] == rows["tags"] == 60
+    await downgrade(db_url, "0009")  # on SQLite it builds `exchanges` anew: children stay
+    assert await children() == rows
+    await upgrade(db_url)
+    assert await sums() == kept
