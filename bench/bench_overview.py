@@ -150,7 +150,7 @@ def edge_exchanges(rows: int) -> list[Exchange]:
 
 async def fill(url: str, rows: int) -> None:
     engine = create_engine(url)
-    names = facets.columns()
+    names = facets.COLUMNS
     try:
         async with engine.begin() as conn:
             raw = await conn.get_raw_connection()

@@ -79,10 +79,10 @@ def _backfill(conn: sa.Connection) -> None:
         if not found:
             return
         last = found[-1].id
-        into: dict[Any, facets.Facet] = {}
+        into: dict[Any, list[Any]] = {}
         tags = conn.execute(facets.tags_query([row.id for row in found])).all()
         facets.add_rows(into, found, tags)
-        _save(conn, [into[key] for key in sorted(into)])
+        _save(conn, [dict(zip(facets.COLUMNS, into[key], strict=True)) for key in sorted(into)])
 
 
 def _save(conn: sa.Connection, rows: list[facets.Facet]) -> None:

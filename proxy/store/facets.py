@@ -12,8 +12,9 @@ Only exchanges actually inserted are added (the writers pass the batch's fresh r
 batch the journal replays adds nothing twice. Rows are upserted in key order: writers in
 several processes lock them in the same order and wait rather than deadlock.
 
-`add` is pure and also serves the reading side (`overview.py`), which sums the exchanges at
-the ragged edges of a time range the same way.
+`add` is pure; migration 0008 fills the table from stored exchanges with it (`add_rows`),
+and the reading side (`overview.py`, `facet_sql.py`) sums the exchanges at the ragged edges
+of a time range in SQL by the same rules.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -119,39 +119,46 @@ def dimensions(
 
 
 FacetKey = tuple[str, str, datetime, str]
+COLUMNS = ("dim", "span", "start", "value", "hint", *SUMS)
+"""A facet row as the writer builds it: a list in this order (the table's, checked in
+tests/store), so it goes to the driver as it is; `SUM_AT` is where its sums start."""
+SUM_AT = COLUMNS.index(SUMS[0])
 
 
 def add(
-    into: dict[FacetKey, Facet],
+    into: dict[FacetKey, list[Any]],
     exchange: Mapping[str, Any],
     usage: Mapping[str, Any] | None,
     tags: Iterable[tuple[str, str]],
     spans: Sequence[str] = SPANS,
 ) -> None:
-    """Add one exchange (an `exchanges` row, its `usage` row or None, its tags) to `into`."""
+    """Add one exchange (an `exchanges` row, its `usage` row or None, its tags) to `into`.
+
+    Every exchange of a batch adds to one row per facet and span (a dozen or so), and most
+    add to rows already there: a row is a list, and only the exchange's non-zero sums are
+    added to it."""
     sums = vector(exchange, usage)
-    given = [(name, amount) for name, amount in zip(SUMS, sums, strict=True) if amount]
+    given = [(at, amount) for at, amount in enumerate(sums, start=SUM_AT) if amount]
     at = exchange["started_at"]
+    found = dimensions(exchange, tags)
     for span in spans:
         start = span_start(at, span)
-        for dim, value, hint in dimensions(exchange, tags):
+        for dim, value, hint in found:
             key = (dim, span, start, value)
             row = into.get(key)
             if row is None:
-                into[key] = {
-                    "dim": dim, "span": span, "start": start, "value": value, "hint": hint,
-                    **dict(zip(SUMS, sums, strict=True)),
-                }  # fmt: skip
+                into[key] = [dim, span, start, value, hint, *sums]
                 continue
-            for name, amount in given:
-                row[name] += amount
-            if row["hint"] is None:
-                row["hint"] = hint
+            for index, amount in given:
+                row[index] += amount
+            if row[4] is None:
+                row[4] = hint
 
 
-def of_batch(fresh: Iterable[Any]) -> list[Facet]:
-    """The facet rows of the exchanges a writer inserts (`rows.Rows`), merged, in key order."""
-    into: dict[FacetKey, Facet] = {}
+def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
+    """The facet rows (`COLUMNS`) of the exchanges a writer inserts (`rows.Rows`), merged, in
+    key order."""
+    into: dict[FacetKey, list[Any]] = {}
     for rows in fresh:
         usage = rows.usage[0] if rows.usage else None
         tags = [(tag["key"], tag["value"]) for tag in rows.tags]
@@ -159,15 +166,10 @@ def of_batch(fresh: Iterable[Any]) -> list[Facet]:
     return [into[key] for key in sorted(into)]
 
 
-@cache
-def columns() -> tuple[str, ...]:
-    return tuple(str(column.name) for column in t.facets.columns)
-
-
 def upsert_sql(dialect: str) -> str:
     """Insert a facet row or add it to the stored one (`$n` marks for asyncpg, `?` for
     sqlite3); a key's first hint stays."""
-    names = columns()
+    names = COLUMNS
     if dialect == "postgresql":
         marks = ", ".join(f"${i}" for i in range(1, len(names) + 1))
         added = [f"{n} = facets.{n} + excluded.{n}" for n in SUMS]
@@ -182,16 +184,14 @@ def upsert_sql(dialect: str) -> str:
     )
 
 
-def records(found: list[Facet], time: Any = None) -> list[tuple[Any, ...]]:
-    """Facet rows as the drivers take them; `time` converts `start` (SQLite's text)."""
-    names = columns()
-    out = []
-    for row in found:
-        values = [row[name] for name in names]
-        if time is not None:
-            values[2] = time(values[2])
-        out.append(tuple(values))
-    return out
+def records(found: list[list[Any]], time: Any = None) -> list[tuple[Any, ...]]:
+    """Facet rows (`of_batch`) as the drivers take them; `time` converts `start` (SQLite's
+    text)."""
+    if time is None:
+        return [tuple(row) for row in found]
+    starts = {row[2]: None for row in found}  # a batch's rows share an hour and a day or two
+    text = {start: time(start) for start in starts}
+    return [(row[0], row[1], text[row[2]], *row[3:]) for row in found]
 
 
 def percentile(counts: Sequence[int], q: float) -> float | None:
@@ -241,7 +241,7 @@ def tags_query(ids: Sequence[str]) -> sa.Select[Any]:
 
 
 def add_rows(
-    into: dict[FacetKey, Facet],
+    into: dict[FacetKey, list[Any]],
     found: Sequence[Any],
     tags: Iterable[Any],
     spans: Sequence[str] = SPANS,
