@@ -21,18 +21,24 @@ from typing import Any
 import orjson
 
 
-def dumps(value: Any) -> str:
-    """JSON text; stdlib fallback for what orjson refuses (ints beyond 64 bits).
+def json_bytes(value: Any) -> bytes:
+    """JSON as bytes; stdlib fallback for what orjson refuses (ints beyond 64 bits).
 
-    The store's JSON columns call this for every value (two a logprob token), and nearly
-    every value has text keys only: orjson's plain path first, `OPT_NON_STR_KEYS` (which has
-    it look at each key's type) only for a value that has others."""
+    Every record's journal line and every value of the store's JSON columns (two a logprob
+    token) goes through here, and nearly every one has text keys only: orjson's plain path
+    first, `OPT_NON_STR_KEYS` (which has it look at each key's type) only for a value that
+    has others."""
     for option in (None, orjson.OPT_NON_STR_KEYS):
         try:
-            return orjson.dumps(value, option=option).decode()
+            return orjson.dumps(value, option=option)
         except TypeError:
             continue
-    return json.dumps(value, default=str)
+    return json.dumps(value, default=str).encode()
+
+
+def dumps(value: Any) -> str:
+    """`json_bytes` as text."""
+    return json_bytes(value).decode()
 
 
 _CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]

@@ -14,6 +14,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.store.bodies import stored_bodies
 from proxy.stream.rawcopy import compress_whole
+from proxy.text import json_bytes
 from proxy.usage import Usage
 
 _VERSION = 1
@@ -31,16 +32,7 @@ def encode(ex: Exchange) -> bytes:
     for name in _BYTES_FIELDS:
         raw = getattr(bodies, name)
         record[name] = None if raw is None else base64.b64encode(raw).decode("ascii")
-    line = {"v": _VERSION, "exchange": record}
-    # Every record is encoded on its way to the journal, and nearly every one has text keys
-    # only: orjson's plain path first, `OPT_NON_STR_KEYS` (which has it look at each key's
-    # type) only for one that has others, the stdlib for ints beyond 64 bits.
-    for option in (None, orjson.OPT_NON_STR_KEYS):
-        try:
-            return orjson.dumps(line, option=option) + b"\n"
-        except TypeError:
-            continue
-    return json.dumps(line, default=str).encode() + b"\n"
+    return json_bytes({"v": _VERSION, "exchange": record}) + b"\n"
 
 
 def decode(line: bytes) -> Exchange:
