@@ -92,8 +92,21 @@ def _tops(
             href = _link("/exchanges", [*kept, (dim, value[:16] if dim == "key" else value)])
             share = round(100 * (row["cost_usd"] or 0) / most)
             shown.append({**row, "label": label, "share": share, "href": href})
+        if dim == "key":
+            _tell_apart(shown)
         out.append({"title": title, "dim": dim, "rows": shown})
     return out
+
+
+def _tell_apart(rows: list[dict[str, Any]]) -> None:
+    """Two keys can share a label (the same hint, or one name for both): those rows also show
+    the start of their key's hash, as the link's filter does."""
+    seen: dict[str, int] = {}
+    for row in rows:
+        seen[row["label"]] = seen.get(row["label"], 0) + 1
+    for row in rows:
+        if seen[row["label"]] > 1:
+            row["label"] = f"{row['label']} #{row['group'][:8]}"
 
 
 async def overview_view(request: web.Request) -> web.StreamResponse:

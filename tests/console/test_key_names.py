@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ from proxy.config import ConfigError, load
 from proxy.keynames import KeyNames
 from tests import dbs
 from tests.cli.test_cli_store import cli
+from tests.console_data import console_app, write
 
 
 async def test_cost_by_key_names_keys_and_filters_by_name(tmp_path: Path) -> None:
@@ -47,3 +50,20 @@ def test_names_by_hint_or_hash_prefix() -> None:
     assert names.name("3f9a0c", "sk-...zzzz") == "batch"
     assert names.name("0000", None) is None
     assert names.resolve("batch") == "3f9a" and names.resolve("sk-...x") == "sk-...x"
+
+
+async def test_two_keys_with_one_label_are_told_apart_on_the_overview(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    url = dbs.sqlite_url(tmp_path / "twins.db")
+    first = dbs.chat_exchange(key_hash="a1" * 8, key_hint="sk-...aaaa")
+    second = dbs.chat_exchange(key_hash="b2" * 8, key_hint="sk-...aaaa")
+    other = dbs.chat_exchange(key_hash="c3" * 8, key_hint="sk-...cccc")
+    await write(url, [first, second, other])
+    client = await aiohttp_client(console_app(url, keys={"sk-...aaaa": "ci-bot"}))
+    page = await (await client.get("/")).text()
+    top = page[page.index('<table class="top-key">') :]
+    top = html.unescape(top[: top.index("</table>")])
+    assert "ci-bot (sk-...aaaa) #a1a1a1a1" in top
+    assert "ci-bot (sk-...aaaa) #b2b2b2b2" in top
+    assert "sk-...cccc<" in top  # a label of its own stays as it was
