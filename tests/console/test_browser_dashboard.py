@@ -167,6 +167,9 @@ async def test_every_page_keeps_recorded_content_text(
             errors[:] = [e for e in errors if "favicon.ico" not in e and "Failed to load" not in e]
             assert errors == [], (path, errors)
             await shot(page, name)
+            if name in ("overview", "list"):  # a screen's width, no sideways scrolling
+                width = await page.evaluate("document.documentElement.scrollWidth")
+                assert width <= 1440, (path, width)
         await page.goto(f"{root}/exchanges/{detailed.id}")
         facts = await page.locator("section.parameters").inner_text()
         assert "get_weather" in facts and "json_schema (weather)" in facts

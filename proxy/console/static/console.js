@@ -46,8 +46,8 @@ document.addEventListener("keydown", function (event) {
     link.title = item.started_at;
     when.appendChild(link);
     cell(tr, item.path.replace(/^\/v\d+\//, ""), "endpoint");
-    cell(tr, item.response_model || item.model);
-    cell(tr, item.outcome + " " + (item.status === null ? "" : item.status));
+    cell(tr, item.response_model || item.model, "model").title = item.response_model || item.model || "";
+    cell(tr, item.outcome + " " + (item.status === null ? "" : item.status), "result");
     cell(tr, "", "preview");
     var tokens = item.prompt_tokens === null && item.completion_tokens === null ? "" :
       (item.prompt_tokens || 0) + " / " + (item.completion_tokens || 0);
