@@ -112,13 +112,14 @@ async def _pump(
     content = answer.content
     try:
         async for piece in content.iter_any():
-            here = await tee.relay(piece, last=content.at_eof())
+            last = content.at_eof()
+            here = await tee.relay(piece, last=last)
             if first:  # earlier exchanges' deferred work may go now (`Deferred`)
                 first = False
-                if later.first_piece_sent():
+                if later.first_piece_sent() and last:
                     # What that work left for the end of the loop's turn (the journal's line)
-                    # runs now too, before this response ends: after its end it would meet
-                    # the client's next request on its way to the first byte.
+                    # runs before this response ends: after its end it would meet the
+                    # client's next request on its way to the first byte.
                     await asyncio.sleep(0)
             if not here and cancel_on_disconnect:
                 tee.exchange.report(

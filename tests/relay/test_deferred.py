@@ -170,6 +170,13 @@ async def test_what_the_records_leave_for_the_loop_s_turn_runs_before_the_respon
             events.append("end")
         await write_eof(self, data)
 
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        body = b'data: {"id":"c1","choices":[]}\n\ndata: [DONE]\n\n'  # in one piece
+        return web.Response(body=body, headers={"Content-Type": "text/event-stream"})
+
+    upstream.override = answer
     monkeypatch.setattr(web.StreamResponse, "write_eof", noting_write_eof)
     config = replace(Config(), upstreams=(Upstream("openai", upstream.url, "/v1"),))
     recorder = Journaling()
