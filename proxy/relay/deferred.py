@@ -58,11 +58,13 @@ class Deferred:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay, self._due)
 
-    def first_piece_sent(self) -> None:
+    def first_piece_sent(self) -> bool:
         """An exchange's first piece of answer has gone to the client: when it is the only
-        exchange under way, run what is pending now."""
+        exchange under way, run what is pending now. True when something ran."""
         if self.under_way == 1 and self._pending:
             self.flush()
+            return True
+        return False
 
     def flush(self, *, close: bool = False) -> None:
         """Run everything pending now; with `close`, all later work runs at once too."""

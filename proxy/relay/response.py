@@ -7,6 +7,7 @@ body ended (whole, cut, gone silent, the client gone) is the exchange's outcome.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -111,10 +112,15 @@ async def _pump(
     content = answer.content
     try:
         async for piece in content.iter_any():
-            here = await tee.relay(piece, last=content.at_eof())
+            last = content.at_eof()
+            here = await tee.relay(piece, last=last)
             if first:  # earlier exchanges' deferred work may go now (`Deferred`)
                 first = False
-                later.first_piece_sent()
+                if later.first_piece_sent() and last:
+                    # What that work left for the end of the loop's turn (the journal's line)
+                    # runs before this response ends: after its end it would meet the
+                    # client's next request on its way to the first byte.
+                    await asyncio.sleep(0)
             if not here and cancel_on_disconnect:
                 tee.exchange.report(
                     "client_disconnected", "client disconnected; upstream request cancelled"

@@ -79,6 +79,8 @@ def _chunk(event: bytes) -> tuple[re.Match[bytes], dict[str, object]] | None:
 
 
 def _is_finish(event: bytes) -> bool:
+    if b'"finish_reason"' not in event and b"\\" not in event:  # e.g. `data: [DONE]`
+        return False  # the key is in no event without it, spelled plainly or with escapes
     parsed = _chunk(event)
     if parsed is None:
         return False

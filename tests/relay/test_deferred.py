@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config import Config, Upstream
+from proxy.exchange import Exchange
 from proxy.relay.app import build_app, make_runner
 from proxy.relay.appkeys import APP_DEFERRED
 from proxy.relay.deferred import Deferred
@@ -84,12 +85,12 @@ async def test_a_lone_exchange_s_first_piece_runs_what_is_pending() -> None:
     done: list[int] = []
     later.add(done.append, 1)
     later.under_way = 2
-    later.first_piece_sent()
+    assert not later.first_piece_sent()
     assert done == []  # another exchange is under way: the batch keeps its timer
     later.under_way = 1
-    later.first_piece_sent()
+    assert later.first_piece_sent()
     assert done == [1] and len(later) == 0
-    later.first_piece_sent()  # nothing pending: nothing to do
+    assert not later.first_piece_sent()  # nothing pending: nothing to do
     assert done == [1]
 
 
@@ -147,3 +148,48 @@ async def test_records_go_on_at_a_lone_exchange_s_first_byte_and_wait_under_conc
         release.set()
         await runner.cleanup()
     assert len(recorder.exchanges) == 5 and later.under_way == 0
+
+
+async def test_what_the_records_leave_for_the_loop_s_turn_runs_before_the_response_ends(
+    upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone client's previous record goes to the sinks after the next first piece; what a
+    sink leaves for the end of the loop's turn (the journal's line) runs before that response
+    ends too: after its end it would meet the client's next request."""
+    events: list[str] = []
+
+    class Journaling(MemoryRecorder):
+        def accept(self, exchange: Exchange) -> None:
+            super().accept(exchange)
+            asyncio.get_running_loop().call_soon(events.append, f"journal {exchange.path}")
+
+    write_eof = web.StreamResponse.write_eof
+
+    async def noting_write_eof(self: web.StreamResponse, data: bytes = b"") -> None:
+        if "X-Flightrec-Id" in self.headers and not self._eof_sent:  # aiohttp ends it twice
+            events.append("end")
+        await write_eof(self, data)
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        body = b'data: {"id":"c1","choices":[]}\n\ndata: [DONE]\n\n'  # in one piece
+        return web.Response(body=body, headers={"Content-Type": "text/event-stream"})
+
+    upstream.override = answer
+    monkeypatch.setattr(web.StreamResponse, "write_eof", noting_write_eof)
+    config = replace(Config(), upstreams=(Upstream("openai", upstream.url, "/v1"),))
+    recorder = Journaling()
+    app = build_app(config, recorder)
+    app[APP_DEFERRED] = Deferred(delay=60)  # only the next first piece sends a record on
+    url, runner = await _serve(app, make_runner(app, config))
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url + "/v1/models") as response:
+                await response.read()
+            body = {"model": "gpt-4o", "stream": True, "messages": []}
+            async with session.post(url + "/v1/chat/completions", json=body) as response:
+                assert (await response.read()).endswith(b"data: [DONE]\n\n")
+        assert events == ["end", "journal /v1/models", "end"]
+    finally:
+        await runner.cleanup()
