@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from proxy.exchange import Exchange
 from proxy.store import tables as t
 from proxy.store.batch_rows import BatchRows, batch_rows, booking_row
-from proxy.store.bodies import stored_bodies
+from proxy.store.bodies import Bodies, stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
 from proxy.store.logprob_rows import Record, logprob_records
@@ -74,6 +74,18 @@ def _text(value: Any) -> str | None:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
+_PLAIN = frozenset({str, type(None)})
+_FLOATS = frozenset({float, type(None)})
+
+
+def _texts(found: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`_text` of each value; at once when all are plain strings (or None) without NUL, as a
+    record's nearly always are."""
+    if _PLAIN.issuperset(map(type, found)) and "\x00" not in "".join(filter(None, found)):
+        return found
+    return tuple(map(_text, found))
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -115,7 +127,8 @@ def rows_for(ex: Exchange) -> Rows:
 def _rows(ex: Exchange) -> Rows:
     response = _dict(ex.response_json)
     usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
-    rows = Rows(_exchange_row(ex, response))
+    bodies = stored_bodies(ex)
+    rows = Rows(_exchange_row(ex, response, bodies))
     exchange_id = ex.id
     if ex.tags:
         rows.tags = [
@@ -131,7 +144,7 @@ def _rows(ex: Exchange) -> Rows:
     elif response.get("object") == "text_completion" and not ex.omit_response:
         for index, tokens in completion_tokens(response):
             rows.logprobs.extend(logprob_records(exchange_id, index, "content", tokens))
-    gz = stored_bodies(ex).raw_stream_gz
+    gz = bodies.raw_stream_gz
     if gz is not None:
         pacing = ex.raw_pacing
         pacing_json = _json([list(p) for p in pacing] if isinstance(pacing, list) else None)
@@ -149,24 +162,41 @@ def _rows(ex: Exchange) -> Rows:
     return rows
 
 
-def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
-    bodies = stored_bodies(ex)
-    model = _text(ex.model)
-    response_model = _text(ex.response_model) or _text(response.get("model"))
+_EXCHANGE_TEXTS = attrgetter(
+    *("method", "path", "query", "upstream", "upstream_url", "model", "response_model"),
+    *("outcome", "error", "content_type", "upstream_request_id", "key_hash", "key_hint"),
+    *("user", "replay_of", "usage_source", "system_fingerprint", "price_entry", "session"),
+    "service_tier",
+)
+_EXCHANGE_FLOATS = attrgetter("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
+
+
+def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row:
+    texts = _texts(_EXCHANGE_TEXTS(ex))
+    method, path, query, upstream, upstream_url, model, response_model = texts[:7]
+    outcome, error, content_type, upstream_request_id, key_hash, key_hint = texts[7:13]
+    user, replay_of, usage_source, system_fingerprint, price_entry, session = texts[13:19]
+    service_tier = texts[19]
+    floats = _EXCHANGE_FLOATS(ex)
+    if not _FLOATS.issuperset(map(type, floats)):
+        floats = tuple(map(_float, floats))
+    ttfb_ms, ttft_ms, duration_ms, cost_usd = floats
+    turn_key, parent_key = keys(ex.request_json, response)
+    parse_errors, redacted = ex.parse_errors, ex.redacted
     return {
         "id": ex.id,
         "started_at": datetime.fromtimestamp(ex.started_at, UTC),
-        "method": _text(ex.method) or "",
-        "path": _text(ex.path) or "",
-        "query": _text(ex.query) or "",
-        "upstream": _text(ex.upstream) or "",
-        "upstream_url": _text(ex.upstream_url) or "",
+        "method": method or "",
+        "path": path or "",
+        "query": query or "",
+        "upstream": upstream or "",
+        "upstream_url": upstream_url or "",
         "status": _int(ex.status),
         "stream": bool(ex.stream),
         "model": model,
-        "response_model": response_model,
-        "outcome": _text(ex.outcome) or "ok",
-        "error": _text(ex.error),
+        "response_model": response_model or _text(response.get("model")),
+        "outcome": outcome or "ok",
+        "error": error,
         "request": _body_json(bodies.request, ex.request_body),
         "request_body": bodies.request_body,
         "request_omitted": ex.omit_request,
@@ -174,26 +204,26 @@ def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
         "response_body": bodies.response_body,
         "response_omitted": ex.omit_response,
         "response_bytes": _int(ex.response_bytes, _INT64) or 0,
-        "content_type": _text(ex.content_type),
-        "ttfb_ms": _float(ex.ttfb_ms),
-        "ttft_ms": _float(ex.ttft_ms),
-        "duration_ms": _float(ex.duration_ms),
+        "content_type": content_type,
+        "ttfb_ms": ttfb_ms,
+        "ttft_ms": ttft_ms,
+        "duration_ms": duration_ms,
         "chunks": _int(ex.chunks) or 0,
-        "upstream_request_id": _text(ex.upstream_request_id),
-        "key_hash": _text(ex.key_hash),
-        "key_hint": _text(ex.key_hint),
-        "end_user": _text(ex.user),
-        "replay_of": _text(ex.replay_of),
-        "usage_source": _text(ex.usage_source),
-        "system_fingerprint": _text(ex.system_fingerprint)
-        or _text(response.get("system_fingerprint")),
-        "parse_errors": _json(list(ex.parse_errors) or None),
-        "cost_usd": _float(ex.cost_usd),
-        "price_entry": _text(ex.price_entry),
-        "redacted": _json(ex.redacted),
-        "session": _text(ex.session),
-        **dict(zip(("turn_key", "parent_key"), keys(ex.request_json, response), strict=True)),
-        "service_tier": _text(ex.service_tier),
+        "upstream_request_id": upstream_request_id,
+        "key_hash": key_hash,
+        "key_hint": key_hint,
+        "end_user": user,
+        "replay_of": replay_of,
+        "usage_source": usage_source,
+        "system_fingerprint": system_fingerprint or _text(response.get("system_fingerprint")),
+        "parse_errors": dumps(list(parse_errors)) if parse_errors else None,
+        "cost_usd": cost_usd,
+        "price_entry": price_entry,
+        "redacted": None if redacted is None else dumps(redacted),
+        "session": session,
+        "turn_key": turn_key,
+        "parent_key": parent_key,
+        "service_tier": service_tier,
     }
 
 

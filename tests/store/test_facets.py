@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from proxy.sinks.settle import settle
 from proxy.pricing import Prices
+from proxy.sinks.settle import settle
 from proxy.store import facets
 from proxy.store.rows import Rows, rows_for
 from tests.dbs import chat_exchange
