@@ -1,0 +1,61 @@
+"""`rows.rows_for` on fields a vendor or a client made odd: the exchange row's text and
+float columns take the fast path only when every value is plain, and anything else comes out
+as `_text` and `_float` make it one by one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.store import rows as r
+from tests.dbs import chat_exchange
+
+TEXTS = (
+    *("method", "path", "query", "upstream", "upstream_url", "model", "response_model"),
+    *("outcome", "error", "content_type", "upstream_request_id", "key_hash", "key_hint"),
+    *("user", "replay_of", "usage_source", "system_fingerprint", "price_entry", "session"),
+    "service_tier",
+)
+COLUMN = {"user": "end_user"}
+FLOATS = ("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
+DEFAULTS = {
+    "method": "",
+    "path": "",
+    "query": "",
+    "upstream": "",
+    "upstream_url": "",
+    "outcome": "ok",
+}
+
+
+class Text(str):
+    pass
+
+
+@pytest.mark.parametrize("field", TEXTS)
+@pytest.mark.parametrize("value", ["a\x00b", 7, b"bytes", "", Text("sub"), None])
+def test_each_text_column_is_what_text_makes_of_its_field(field: str, value: Any) -> None:
+    ex = chat_exchange(fingerprint=None)
+    ex.response_json.pop("model")  # no fallback for `response_model` from the response
+    ex.status = 201  # not a Batch API answer: its rows read `path` as text
+    setattr(ex, field, value)
+    row = r.rows_for(ex).exchange
+    for name in TEXTS:
+        expected = r._text(getattr(ex, name))
+        if name in DEFAULTS:
+            expected = expected or DEFAULTS[name]
+        elif name in ("response_model", "system_fingerprint"):
+            expected = expected or None  # the response has neither to fall back on
+        assert row[COLUMN.get(name, name)] == expected
+        assert type(row[COLUMN.get(name, name)]) is type(expected)
+
+
+@pytest.mark.parametrize("field", FLOATS)
+@pytest.mark.parametrize("value", [3, True, "1.5", 2.5, None, float("inf")])
+def test_each_float_column_is_what_float_makes_of_its_field(field: str, value: Any) -> None:
+    ex = chat_exchange()
+    setattr(ex, field, value)
+    row = r.rows_for(ex).exchange
+    assert row[field] == r._float(value)
+    assert type(row[field]) is type(r._float(value))
