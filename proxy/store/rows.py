@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
+from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -231,38 +232,31 @@ def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> 
     """The usage as reported (`raw`) and as decoded (`tokens`: None for a shape we cannot
     read, whose columns stay empty)."""
     values = _NO_TOKENS if tokens is None else tokens
-    row: Row = {"exchange_id": exchange_id}
-    for column, index in _USAGE_COLUMNS:
-        if index < 0:
-            row[column] = dumps(usage)
-            continue
-        value = values[index]
-        # Decoded counts are never negative; one past the column's range is not kept.
-        row[column] = value if value is None or value < _INT32 else None
-    return row
+    # Decoded counts are never negative; one past the column's range is not kept.
+    if max(filter(None, values), default=0) >= _INT32:
+        values = tuple(v if v is None or v < _INT32 else None for v in values)
+    (input_, cached, cache_write, input_audio, cached_audio, input_image, cached_image) = values[:7]
+    (output, reasoning, output_audio, output_image, total, accepted, rejected) = values[7:]
+    return {
+        "exchange_id": exchange_id,
+        "prompt_tokens": input_,
+        "completion_tokens": output,
+        "total_tokens": total,
+        "cached_tokens": cached,
+        "prompt_audio_tokens": input_audio,
+        "reasoning_tokens": reasoning,
+        "completion_audio_tokens": output_audio,
+        "accepted_prediction_tokens": accepted,
+        "rejected_prediction_tokens": rejected,
+        "raw": dumps(usage),
+        "cache_write_tokens": cache_write,
+        "cached_audio_tokens": cached_audio,
+        "prompt_image_tokens": input_image,
+        "cached_image_tokens": cached_image,
+        "completion_image_tokens": output_image,
+    }
 
 
-_USAGE_COLUMNS = tuple(
-    (column, Usage._fields.index(name) if name else -1)
-    for column, name in (
-        ("prompt_tokens", "input"),
-        ("completion_tokens", "output"),
-        ("total_tokens", "total"),
-        ("cached_tokens", "cached"),
-        ("prompt_audio_tokens", "input_audio"),
-        ("reasoning_tokens", "reasoning"),
-        ("completion_audio_tokens", "output_audio"),
-        ("accepted_prediction_tokens", "accepted_prediction"),
-        ("rejected_prediction_tokens", "rejected_prediction"),
-        ("raw", ""),
-        ("cache_write_tokens", "cache_write"),
-        ("cached_audio_tokens", "cached_audio"),
-        ("prompt_image_tokens", "input_image"),
-        ("cached_image_tokens", "cached_image"),
-        ("completion_image_tokens", "output_image"),
-    )
-)
-"""`usage` columns, in the table's order, and the `Usage` field each holds (`raw`: -1)."""
 _NO_TOKENS = (None,) * len(Usage._fields)
 
 
@@ -342,15 +336,21 @@ _CHILDREN = (
 def table_records(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record]]]:
     """(table, records) to insert for exchanges not stored yet, parents first, none empty;
     each record a tuple of the table's columns in declared order."""
+    # map and chain: a batch's hundreds of rows gathered without a Python step each.
     if fresh:
-        yield t.exchanges, records(t.exchanges, [rows.exchange for rows in fresh])
-    for table, attr in _CHILDREN:
-        children = [row for rows in fresh for row in getattr(rows, attr)]
+        yield t.exchanges, records(t.exchanges, list(map(_EXCHANGE, fresh)))
+    for table, get in _CHILDREN_OF:
+        children = list(chain.from_iterable(map(get, fresh)))
         if children:
             yield table, records(table, children)
-    logprobs = [record for rows in fresh for record in rows.logprobs]
+    logprobs = list(chain.from_iterable(map(_LOGPROBS, fresh)))
     if logprobs:
         yield t.logprobs, logprobs
+
+
+_EXCHANGE = attrgetter("exchange")
+_CHILDREN_OF = tuple((table, attrgetter(attr)) for table, attr in _CHILDREN)
+_LOGPROBS = attrgetter("logprobs")
 
 
 def columns(table: sa.Table) -> list[str]:
@@ -369,8 +369,7 @@ def _columns(table: sa.Table) -> tuple[list[str], itemgetter[Any]]:
 def records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
     """Rows as the drivers take them: tuples of the table's columns in declared order. A row
     missing a column raises KeyError here rather than shifting its values."""
-    get = record_getter(table)
-    return [get(row) for row in rows]
+    return list(map(record_getter(table), rows))
 
 
 def record_getter(table: sa.Table) -> Callable[[Row], tuple[Any, ...]]:
@@ -391,6 +390,8 @@ def merged_fingerprints(seen: list[Row]) -> list[Row]:
             merged[key] = dict(row)
             continue
         known["count"] += 1
-        known["first_seen"] = min(known["first_seen"], row["first_seen"])
-        known["last_seen"] = max(known["last_seen"], row["last_seen"])
+        if row["first_seen"] < known["first_seen"]:  # min() and max(), without the calls
+            known["first_seen"] = row["first_seen"]
+        if row["last_seen"] > known["last_seen"]:
+            known["last_seen"] = row["last_seen"]
     return [merged[key] for key in sorted(merged)]

@@ -51,10 +51,11 @@ def _calls(value: Any) -> list[Any]:
 def _message(value: Any) -> list[Any]:
     if not isinstance(value, dict):
         return [None]
+    content, calls = value.get("content"), value.get("tool_calls")
     return [
         value.get("role"),
-        _text(value.get("content")),
-        _calls(value.get("tool_calls")),
+        content if content.__class__ is str else _text(content),  # a plain text: as it is
+        [] if calls is None else _calls(calls),
         value.get("tool_call_id") or "",
         value.get("name") or "",
     ]

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.store import rows as r
+from proxy.store import tables as t
+from proxy.usage import Usage
 from tests.dbs import chat_exchange
 
 TEXTS = (
@@ -59,3 +61,32 @@ def test_each_float_column_is_what_float_makes_of_its_field(field: str, value: A
     row = r.rows_for(ex).exchange
     assert row[field] == r._float(value)
     assert type(row[field]) is type(r._float(value))
+
+
+def test_a_usage_row_keeps_each_count_in_its_column_and_drops_one_past_the_range() -> None:
+    counts = Usage(*(i + 1 for i in range(len(Usage._fields))))
+    row = r.usage_row("x", {"prompt_tokens": 1}, counts._replace(reasoning=2**31, total=2**31 - 1))
+    assert row == {
+        "exchange_id": "x",
+        "prompt_tokens": counts.input,
+        "completion_tokens": counts.output,
+        "total_tokens": 2**31 - 1,
+        "cached_tokens": counts.cached,
+        "prompt_audio_tokens": counts.input_audio,
+        "reasoning_tokens": None,  # past the column's range
+        "completion_audio_tokens": counts.output_audio,
+        "accepted_prediction_tokens": counts.accepted_prediction,
+        "rejected_prediction_tokens": counts.rejected_prediction,
+        "raw": '{"prompt_tokens":1}',
+        "cache_write_tokens": counts.cache_write,
+        "cached_audio_tokens": counts.cached_audio,
+        "prompt_image_tokens": counts.input_image,
+        "cached_image_tokens": counts.cached_image,
+        "completion_image_tokens": counts.output_image,
+    }
+    assert list(row) == ["exchange_id", *r.columns(t.usage)[1:]]
+    assert r.usage_row("x", {}, None) == {
+        **dict.fromkeys(row, None),
+        "exchange_id": "x",
+        "raw": "{}",
+    }
