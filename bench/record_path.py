@@ -115,7 +115,7 @@ def _write(count: int, mode: str, template: str, shape: str) -> None:
     prices = importlib.import_module("proxy.pricing").Prices()
     lines = importlib.import_module("proxy.store.lines")
     rows_for = importlib.import_module("proxy.store.rows").rows_for
-    writer_module = importlib.import_module("proxy.store.sqlite_writer")
+    writer_module: Any = importlib.import_module("proxy.store.sqlite_writer")
     writer_module.Turns = _EveryTurn  # a turn after every INSERT, not after a time
     exchanges = [_exchange(shape) for _ in range(count)]
     for ex in exchanges:

@@ -167,8 +167,8 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     for rows in fresh:
         ex = rows.exchange
         tags = tuple([(tag["key"], tag["value"]) for tag in rows.tags]) if rows.tags else ()
-        at = span_start(ex["started_at"], "hour")
-        key = (
+        hour = span_start(ex["started_at"], "hour")
+        shared = (
             ex["upstream"],
             ex["model"],
             ex["response_model"],
@@ -176,12 +176,12 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
             ex["key_hint"],
             ex["end_user"],
             tags,
-            at,
+            hour,
         )
-        group = groups.get(key)
+        group = groups.get(shared)
         if group is None:
             sums = [0] * len(SUMS)
-            groups[key] = group = [ex, tags, at, sums]
+            groups[shared] = group = [ex, tags, hour, sums]
         else:
             sums = group[3]
         _sum(sums, ex, rows.usage[0] if rows.usage else None)
