@@ -184,6 +184,16 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row
     ttfb_ms, ttft_ms, duration_ms, cost_usd = floats
     turn_key, parent_key = keys(ex.request_json, response)
     parse_errors, redacted = ex.parse_errors, ex.redacted
+    status: int | None = ex.status
+    response_bytes: int | None = ex.response_bytes
+    chunks: int | None = ex.chunks
+    # `_int`, called only for what is not a plain int in range.
+    if status.__class__ is not int or not -_INT32 <= status < _INT32:
+        status = _int(status)
+    if response_bytes.__class__ is not int or not -_INT64 <= response_bytes < _INT64:
+        response_bytes = _int(response_bytes, _INT64)
+    if chunks.__class__ is not int or not -_INT32 <= chunks < _INT32:
+        chunks = _int(chunks)
     return {
         "id": ex.id,
         "started_at": datetime.fromtimestamp(ex.started_at, UTC),
@@ -192,7 +202,7 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row
         "query": query or "",
         "upstream": upstream or "",
         "upstream_url": upstream_url or "",
-        "status": _int(ex.status),
+        "status": status,
         "stream": bool(ex.stream),
         "model": model,
         "response_model": response_model or _text(response.get("model")),
@@ -204,12 +214,12 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row
         "response": _body_json(bodies.response, ex.response_body),
         "response_body": bodies.response_body,
         "response_omitted": ex.omit_response,
-        "response_bytes": _int(ex.response_bytes, _INT64) or 0,
+        "response_bytes": response_bytes or 0,
         "content_type": content_type,
         "ttfb_ms": ttfb_ms,
         "ttft_ms": ttft_ms,
         "duration_ms": duration_ms,
-        "chunks": _int(ex.chunks) or 0,
+        "chunks": chunks or 0,
         "upstream_request_id": upstream_request_id,
         "key_hash": key_hash,
         "key_hint": key_hint,

@@ -82,11 +82,12 @@ def keys(request: Any, response: Any) -> tuple[str | None, str | None]:
 
 
 def _chat_keys(messages: list[Any], response: Any) -> tuple[str | None, str | None]:
-    last = max(
-        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
-        default=None,
-    )
-    parent = _digest(messages[: last + 1]) if last is not None else None
+    parent = None
+    for last in range(len(messages) - 1, -1, -1):  # the last assistant message
+        message = messages[last]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            parent = _digest(messages[: last + 1])
+            break
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
     answer = first.get("message") if isinstance(first, dict) else None

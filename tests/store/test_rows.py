@@ -90,3 +90,25 @@ def test_a_usage_row_keeps_each_count_in_its_column_and_drops_one_past_the_range
         "exchange_id": "x",
         "raw": "{}",
     }
+
+
+@pytest.mark.parametrize(
+    ("field", "limit", "default"),
+    [("status", 2**31, None), ("response_bytes", 2**63, 0), ("chunks", 2**31, 0)],
+)
+@pytest.mark.parametrize("shift", [0, 1])
+@pytest.mark.parametrize("value", [7, True, 2.0, "3", None, -1])
+def test_each_int_column_is_what_int_makes_of_its_field(
+    field: str, limit: int, default: int | None, shift: int, value: Any
+) -> None:
+    """Plain ints in range are taken as they are; the rest (bools, floats, text, one past the
+    column's range either way) as `_int` makes them."""
+    ex = chat_exchange()
+    ex.status = 201  # not a Batch API answer
+    for given in (value, limit - 1 + shift, -limit - shift):
+        setattr(ex, field, given)
+        expected = r._int(given, limit)
+        if field != "status":
+            expected = expected or default
+        assert r.rows_for(ex).exchange[field] == expected
+        assert type(r.rows_for(ex).exchange[field]) is type(expected)
