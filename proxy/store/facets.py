@@ -137,12 +137,20 @@ def add(
     Every exchange of a batch adds to one row per facet and span (a dozen or so), and most
     add to rows already there: a row is a list, and only the exchange's non-zero sums are
     added to it."""
-    sums = vector(exchange, usage)
-    given = [(at, amount) for at, amount in enumerate(sums, start=SUM_AT) if amount]
     at = exchange["started_at"]
-    found = dimensions(exchange, tags)
-    for span in spans:
-        start = span_start(at, span)
+    starts = [(span, span_start(at, span)) for span in spans]
+    _add_sums(into, dimensions(exchange, tags), starts, vector(exchange, usage))
+
+
+def _add_sums(
+    into: dict[FacetKey, list[Any]],
+    found: list[tuple[str, str, str | None]],
+    starts: Iterable[tuple[str, datetime]],
+    sums: list[int],
+) -> None:
+    """Add `sums` to the row of each facet in `found` (`dimensions`) at each (span, start)."""
+    given = [(at, amount) for at, amount in enumerate(sums, start=SUM_AT) if amount]
+    for span, start in starts:
         for dim, value, hint in found:
             key = (dim, span, start, value)
             row = into.get(key)
@@ -187,19 +195,8 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
         _sum(sums, ex, rows.usage[0] if rows.usage else None)
     into: dict[FacetKey, list[Any]] = {}
     for ex, tags, hour, sums in groups.values():
-        given = [(at, amount) for at, amount in enumerate(sums, start=SUM_AT) if amount]
-        found = dimensions(ex, tags)
-        for span, start in (("hour", hour), ("day", hour.replace(hour=0))):
-            for dim, value, hint in found:
-                key = (dim, span, start, value)
-                row = into.get(key)
-                if row is None:
-                    into[key] = [dim, span, start, value, hint, *sums]
-                    continue
-                for index, amount in given:
-                    row[index] += amount
-                if row[4] is None:
-                    row[4] = hint
+        starts = (("hour", hour), ("day", hour.replace(hour=0)))
+        _add_sums(into, dimensions(ex, tags), starts, sums)
     return [into[key] for key in sorted(into)]
 
 
