@@ -76,6 +76,7 @@ def _text(value: Any) -> str | None:
 
 
 _PLAIN = frozenset({str, type(None)})
+_PAIRS = frozenset({tuple, list})
 _FLOATS = frozenset({float, type(None)})
 
 
@@ -148,7 +149,12 @@ def _rows(ex: Exchange) -> Rows:
     gz = bodies.raw_stream_gz
     if gz is not None:
         pacing = ex.raw_pacing
-        pacing_json = _json([list(p) for p in pacing] if isinstance(pacing, list) else None)
+        if not isinstance(pacing, list):
+            pacing_json = None
+        elif _PAIRS.issuperset(map(type, pacing)):  # JSON writes a tuple as it writes a list
+            pacing_json = dumps(pacing)
+        else:
+            pacing_json = dumps([list(p) for p in pacing])
         rows.raw_streams.append({"exchange_id": exchange_id, "gz": gz, "pacing": pacing_json})
     row = rows.exchange
     if row["system_fingerprint"] is not None:

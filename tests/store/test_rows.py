@@ -112,3 +112,24 @@ def test_each_int_column_is_what_int_makes_of_its_field(
             expected = expected or default
         assert r.rows_for(ex).exchange[field] == expected
         assert type(r.rows_for(ex).exchange[field]) is type(expected)
+
+
+class Pair(tuple[int, float]):
+    pass
+
+
+@pytest.mark.parametrize(
+    "pacing",
+    [
+        [(0, 1.5), (120, 80.25)],
+        [[0, 1.5], (120, 80.25)],
+        [Pair((0, 1.5)), (1, 2.0)],
+        [(1 << 70, 1.0)],
+        [],
+    ],
+)
+def test_a_streams_pacing_is_stored_as_json_lists_of_pairs(pacing: list[Any]) -> None:
+    ex = chat_exchange()
+    ex.raw_stream_gz, ex.raw_pacing = b"gz", pacing
+    stored = r.rows_for(ex).raw_streams[0]["pacing"]
+    assert stored == r.dumps([list(p) for p in pacing])
