@@ -88,6 +88,11 @@ def _texts(found: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(_text, found))
 
 
+def _floats(found: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`_float` of each value; at once when all are floats or None."""
+    return found if _FLOATS.issuperset(map(type, found)) else tuple(map(_float, found))
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -184,12 +189,8 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row
     outcome, error, content_type, upstream_request_id, key_hash, key_hint = texts[7:13]
     user, replay_of, usage_source, system_fingerprint, price_entry, session = texts[13:19]
     service_tier = texts[19]
-    floats: tuple[Any, ...] = _EXCHANGE_FLOATS(ex)
-    if not _FLOATS.issuperset(map(type, floats)):
-        floats = tuple(map(_float, floats))
-    ttfb_ms, ttft_ms, duration_ms, cost_usd = floats
+    ttfb_ms, ttft_ms, duration_ms, cost_usd = _floats(_EXCHANGE_FLOATS(ex))
     turn_key, parent_key = keys(ex.request_json, response)
-    parse_errors, redacted = ex.parse_errors, ex.redacted
     status: int | None = ex.status
     response_bytes: int | None = ex.response_bytes
     chunks: int | None = ex.chunks
@@ -233,10 +234,10 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row
         "replay_of": replay_of,
         "usage_source": usage_source,
         "system_fingerprint": system_fingerprint or _text(response.get("system_fingerprint")),
-        "parse_errors": dumps(list(parse_errors)) if parse_errors else None,
+        "parse_errors": dumps(list(ex.parse_errors)) if ex.parse_errors else None,
         "cost_usd": cost_usd,
         "price_entry": price_entry,
-        "redacted": None if redacted is None else dumps(redacted),
+        "redacted": None if ex.redacted is None else dumps(ex.redacted),
         "session": session,
         "turn_key": turn_key,
         "parent_key": parent_key,
