@@ -10,6 +10,7 @@ import pytest
 
 from proxy.store import rows as r
 from proxy.store import tables as t
+from proxy.text import dumps
 from proxy.usage import Usage
 from tests.dbs import chat_exchange
 
@@ -132,4 +133,4 @@ def test_a_streams_pacing_is_stored_as_json_lists_of_pairs(pacing: list[Any]) ->
     ex = chat_exchange()
     ex.raw_stream_gz, ex.raw_pacing = b"gz", pacing
     stored = r.rows_for(ex).raw_streams[0]["pacing"]
-    assert stored == r.dumps([list(p) for p in pacing])
+    assert stored == dumps([list(p) for p in pacing])

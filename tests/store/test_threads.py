@@ -26,8 +26,8 @@ def test_the_parent_key_hashes_the_messages_up_to_the_last_assistant_one() -> No
 
 
 def test_a_message_is_hashed_as_a_client_sends_it_back() -> None:
-    plain = {"role": "assistant", "content": "hi"}
-    echoed = {**plain, "refusal": None, "annotations": [], "tool_calls": None}
+    plain: dict[str, Any] = {"role": "assistant", "content": "hi"}
+    echoed: dict[str, Any] = {**plain, "refusal": None, "annotations": [], "tool_calls": None}
     parts = {"role": "assistant", "content": [{"type": "text", "text": "h"}, {"text": "i"}]}
     assert threads._message(plain) == threads._message(echoed) == ["assistant", "hi", [], "", ""]
     assert threads._message(parts)[1] == [{"type": "text", "text": "h"}, {"text": "i"}]
