@@ -1,6 +1,8 @@
 """The record's work per exchange, for one checkout, to be counted under callgrind:
 
     valgrind --tool=callgrind python -m bench.record_path DIR N [all|none|settle|rest]
+    python -m bench.record_path DIR 0 prepare DB          # a database at schema head, once
+    valgrind --tool=callgrind python -m bench.record_path DIR N write DB [bench|dbs|stream]
 
 It builds N chat exchanges (`tests.dbs.chat_exchange`) and runs what the record does with
 each after the relay: settling its figures (where DIR has `proxy.sinks.settle`), the journal
@@ -8,13 +10,26 @@ line, the rows and the drivers' tuples. Count it at two N and divide the differe
 difference of N: the interpreter's start and the imports cancel out. The garbage collector is
 off, so the count does not depend on how many exchanges are held. A checkout without
 `settle` prices in `rows_for`.
+
+`write` is the whole record path as the SQLite recorder runs it at c=8: the exchanges (the
+recorder bench's chat completion, `bench_record.exchange`, by default; `dbs` the tests' one;
+`stream` a streamed one with its playback copy) settled, then each batch of `BATCH` fresh
+exchanges journaled (`lines.encode`), built (`rows_for`) and written by `SqliteWriter.write`
+into a copy of DB (made once by `prepare`, outside the count: the migrations are not the
+record path). `settled` does the same but stops after settling: count both at two N, and the
+difference of the two differences is the record path alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import gzip
 import importlib
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 USAGE = {
@@ -29,6 +44,8 @@ USAGE = {
         "rejected_prediction_tokens": 0,
     },
 }
+BATCH = 100
+"""Exchanges a batch: the recorder's batches at c=8 are tens to hundreds."""
 
 
 def main() -> None:
@@ -36,6 +53,14 @@ def main() -> None:
     root, count = sys.argv[1], int(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "all"
     sys.path.insert(0, root)
+    if mode == "prepare":
+        migrate = importlib.import_module("proxy.store.migrate")
+        asyncio.run(migrate.upgrade(f"sqlite+aiosqlite:///{sys.argv[4]}"))
+        return
+    if mode in ("write", "settled"):
+        shape = sys.argv[5] if len(sys.argv) > 5 else "bench"
+        _write(count, mode, sys.argv[4], shape)
+        return
     dbs = importlib.import_module("tests.dbs")
     lines = importlib.import_module("proxy.store.lines")
     rows = importlib.import_module("proxy.store.rows")
@@ -55,8 +80,65 @@ def main() -> None:
             settle(ex, prices)
         if mode in ("all", "rest"):
             lines.encode(ex)
-            for table, found in rows.table_rows([rows.rows_for(ex)]):
-                rows.records(table, found)
+            for _ in rows.table_records([rows.rows_for(ex)]):
+                pass
+
+
+def _exchange(shape: str) -> Any:
+    if shape == "dbs":
+        ex = importlib.import_module("tests.dbs").chat_exchange(usage=USAGE)
+        ex.response_json["usage"] = USAGE
+        return ex
+    ex = importlib.import_module("bench.bench_record").exchange(0)
+    if shape == "stream":
+        ex.stream = True
+        ex.response_body = None
+        ex.content_type = "text/event-stream"
+        events = b"".join(
+            b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,'
+            b'"delta":{"content":"word%d "},"finish_reason":null}]}\n\n' % i
+            for i in range(8)
+        )
+        ex.raw_stream_gz = gzip.compress(events + b"data: [DONE]\n\n", 1)
+        ex.raw_pacing = [(i * 120, 80.0 + i) for i in range(10)]
+        ex.chunks, ex.ttft_ms, ex.response_bytes = 10, 85.0, len(events) + 14
+    return ex
+
+
+class _EveryTurn:
+    async def give(self) -> None:
+        await asyncio.sleep(0)
+
+
+def _write(count: int, mode: str, template: str, shape: str) -> None:
+    settle = importlib.import_module("proxy.sinks.settle").settle
+    prices = importlib.import_module("proxy.pricing").Prices()
+    lines = importlib.import_module("proxy.store.lines")
+    rows_for = importlib.import_module("proxy.store.rows").rows_for
+    writer_module: Any = importlib.import_module("proxy.store.sqlite_writer")
+    writer_module.Turns = _EveryTurn  # a turn after every INSERT, not after a time
+    exchanges = [_exchange(shape) for _ in range(count)]
+    for ex in exchanges:
+        settle(ex, prices)
+    if mode == "settled":
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "record.db")
+        shutil.copyfile(template, path)
+
+        async def run() -> None:
+            writer = writer_module.SqliteWriter(path, busy_timeout_ms=5000)
+            writer._last_checkpoint = float("inf")  # no checkpoint thread: a steady count
+            try:
+                for start in range(0, count, BATCH):
+                    batch = exchanges[start : start + BATCH]
+                    for ex in batch:
+                        lines.encode(ex)
+                    await writer.write([rows_for(ex) for ex in batch])
+            finally:
+                await writer.close()
+
+        asyncio.run(run())
 
 
 if __name__ == "__main__":

@@ -28,12 +28,14 @@ def json_bytes(value: Any) -> bytes:
     token) goes through here, and nearly every one has text keys only: orjson's plain path
     first, `OPT_NON_STR_KEYS` (which has it look at each key's type) only for a value that
     has others."""
-    for option in (None, orjson.OPT_NON_STR_KEYS):
-        try:
-            return orjson.dumps(value, option=option)
-        except TypeError:
-            continue
-    return json.dumps(value, default=str).encode()
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        pass
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(value, default=str).encode()
 
 
 def dumps(value: Any) -> str:

@@ -54,6 +54,8 @@ def batch_rows(ex: Exchange) -> BatchRows | None:
         if ex.method == "POST" and ex.path.endswith("/files"):
             return _upload(ex, response)
         seen = [response] if response.get("object") == "batch" else _listed(response)
+        if not seen:  # nearly every exchange: no comprehension to build for nothing
+            return None
         batches = [_batch(ex, b) for b in seen if _is_batch(b)]
         if batches:
             names = ("input_file_id", "output_file_id", "error_file_id")

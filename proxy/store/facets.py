@@ -137,12 +137,20 @@ def add(
     Every exchange of a batch adds to one row per facet and span (a dozen or so), and most
     add to rows already there: a row is a list, and only the exchange's non-zero sums are
     added to it."""
-    sums = vector(exchange, usage)
-    given = [(at, amount) for at, amount in enumerate(sums, start=SUM_AT) if amount]
     at = exchange["started_at"]
-    found = dimensions(exchange, tags)
-    for span in spans:
-        start = span_start(at, span)
+    starts = [(span, span_start(at, span)) for span in spans]
+    _add_sums(into, dimensions(exchange, tags), starts, vector(exchange, usage))
+
+
+def _add_sums(
+    into: dict[FacetKey, list[Any]],
+    found: list[tuple[str, str, str | None]],
+    starts: Iterable[tuple[str, datetime]],
+    sums: list[int],
+) -> None:
+    """Add `sums` to the row of each facet in `found` (`dimensions`) at each (span, start)."""
+    given = [(at, amount) for at, amount in enumerate(sums, start=SUM_AT) if amount]
+    for span, start in starts:
         for dim, value, hint in found:
             key = (dim, span, start, value)
             row = into.get(key)
@@ -157,13 +165,60 @@ def add(
 
 def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     """The facet rows (`COLUMNS`) of the exchanges a writer inserts (`rows.Rows`), merged, in
-    key order."""
-    into: dict[FacetKey, list[Any]] = {}
+    key order: the rows `add` makes of them one by one.
+
+    Most exchanges of a batch share all their facets and their hour, so they are summed by
+    what decides their facet rows first (upstream, models, key, user, tags, hour), and each
+    such group is added to its dozen rows once. Groups go in the order they first appear, so
+    a row's hint is still the first one its exchanges name."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
     for rows in fresh:
-        usage = rows.usage[0] if rows.usage else None
-        tags = [(tag["key"], tag["value"]) for tag in rows.tags]
-        add(into, rows.exchange, usage, tags)
+        ex = rows.exchange
+        tags = tuple([(tag["key"], tag["value"]) for tag in rows.tags]) if rows.tags else ()
+        hour = span_start(ex["started_at"], "hour")
+        shared = (
+            ex["upstream"],
+            ex["model"],
+            ex["response_model"],
+            ex["key_hash"],
+            ex["key_hint"],
+            ex["end_user"],
+            tags,
+            hour,
+        )
+        group = groups.get(shared)
+        if group is None:
+            sums = [0] * len(SUMS)
+            groups[shared] = group = [ex, tags, hour, sums]
+        else:
+            sums = group[3]
+        _sum(sums, ex, rows.usage[0] if rows.usage else None)
+    into: dict[FacetKey, list[Any]] = {}
+    for ex, tags, hour, sums in groups.values():
+        starts = (("hour", hour), ("day", hour.replace(hour=0)))
+        _add_sums(into, dimensions(ex, tags), starts, sums)
     return [into[key] for key in sorted(into)]
+
+
+def _sum(sums: list[int], exchange: Mapping[str, Any], usage: Mapping[str, Any] | None) -> None:
+    """Add `vector(exchange, usage)` to `sums`, touching only what it may make non-zero."""
+    sums[0] += 1
+    if exchange["outcome"] != "ok":
+        sums[1] += 1
+    if usage is not None:
+        for at, name in enumerate(TOKENS, start=2):
+            sums[at] += int(usage.get(name) or 0)
+    cost = exchange["cost_usd"]
+    if cost is not None:
+        sums[6] += cost_nano(cost)
+        sums[7] += 1
+    elif is_unpriced(exchange, usage is not None):
+        sums[8] += 1
+    duration, ttft = _bucket(exchange["duration_ms"]), _bucket(exchange["ttft_ms"])
+    if duration is not None:
+        sums[_DURATION + duration] += 1
+    if ttft is not None:
+        sums[_TTFT + ttft] += 1
 
 
 def upsert_sql(dialect: str) -> str:

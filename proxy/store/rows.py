@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from operator import itemgetter
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from proxy.exchange import Exchange
 from proxy.store import tables as t
 from proxy.store.batch_rows import BatchRows, batch_rows, booking_row
-from proxy.store.bodies import stored_bodies
+from proxy.store.bodies import Bodies, stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
 from proxy.store.engine import dumps
 from proxy.store.logprob_rows import Record, logprob_records
@@ -74,6 +75,24 @@ def _text(value: Any) -> str | None:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
+_PLAIN = frozenset({str, type(None)})
+_PAIRS = frozenset({tuple, list})
+_FLOATS = frozenset({float, type(None)})
+
+
+def _texts(found: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`_text` of each value; at once when all are plain strings (or None) without NUL, as a
+    record's nearly always are."""
+    if _PLAIN.issuperset(map(type, found)) and "\x00" not in "".join(filter(None, found)):
+        return found
+    return tuple(map(_text, found))
+
+
+def _floats(found: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`_float` of each value; at once when all are floats or None."""
+    return found if _FLOATS.issuperset(map(type, found)) else tuple(map(_float, found))
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -115,7 +134,8 @@ def rows_for(ex: Exchange) -> Rows:
 def _rows(ex: Exchange) -> Rows:
     response = _dict(ex.response_json)
     usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
-    rows = Rows(_exchange_row(ex, response))
+    bodies = stored_bodies(ex)
+    rows = Rows(_exchange_row(ex, response, bodies))
     exchange_id = ex.id
     if ex.tags:
         rows.tags = [
@@ -131,10 +151,15 @@ def _rows(ex: Exchange) -> Rows:
     elif response.get("object") == "text_completion" and not ex.omit_response:
         for index, tokens in completion_tokens(response):
             rows.logprobs.extend(logprob_records(exchange_id, index, "content", tokens))
-    gz = stored_bodies(ex).raw_stream_gz
+    gz = bodies.raw_stream_gz
     if gz is not None:
         pacing = ex.raw_pacing
-        pacing_json = _json([list(p) for p in pacing] if isinstance(pacing, list) else None)
+        if not isinstance(pacing, list):
+            pacing_json = None
+        elif _PAIRS.issuperset(map(type, pacing)):  # JSON writes a tuple as it writes a list
+            pacing_json = dumps(pacing)
+        else:
+            pacing_json = dumps([list(p) for p in pacing])
         rows.raw_streams.append({"exchange_id": exchange_id, "gz": gz, "pacing": pacing_json})
     row = rows.exchange
     if row["system_fingerprint"] is not None:
@@ -149,90 +174,106 @@ def _rows(ex: Exchange) -> Rows:
     return rows
 
 
-def _exchange_row(ex: Exchange, response: dict[str, Any]) -> Row:
-    bodies = stored_bodies(ex)
-    model = _text(ex.model)
-    response_model = _text(ex.response_model) or _text(response.get("model"))
+_EXCHANGE_TEXTS = attrgetter(
+    *("method", "path", "query", "upstream", "upstream_url", "model", "response_model"),
+    *("outcome", "error", "content_type", "upstream_request_id", "key_hash", "key_hint"),
+    *("user", "replay_of", "usage_source", "system_fingerprint", "price_entry", "session"),
+    "service_tier",
+)
+_EXCHANGE_FLOATS = attrgetter("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
+
+
+def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row:
+    texts = _texts(_EXCHANGE_TEXTS(ex))
+    method, path, query, upstream, upstream_url, model, response_model = texts[:7]
+    outcome, error, content_type, upstream_request_id, key_hash, key_hint = texts[7:13]
+    user, replay_of, usage_source, system_fingerprint, price_entry, session = texts[13:19]
+    service_tier = texts[19]
+    ttfb_ms, ttft_ms, duration_ms, cost_usd = _floats(_EXCHANGE_FLOATS(ex))
+    turn_key, parent_key = keys(ex.request_json, response)
+    status: int | None = ex.status
+    response_bytes: int | None = ex.response_bytes
+    chunks: int | None = ex.chunks
+    # `_int`, called only for what is not a plain int in range.
+    if status.__class__ is not int or not -_INT32 <= status < _INT32:
+        status = _int(status)
+    if response_bytes.__class__ is not int or not -_INT64 <= response_bytes < _INT64:
+        response_bytes = _int(response_bytes, _INT64)
+    if chunks.__class__ is not int or not -_INT32 <= chunks < _INT32:
+        chunks = _int(chunks)
     return {
         "id": ex.id,
         "started_at": datetime.fromtimestamp(ex.started_at, UTC),
-        "method": _text(ex.method) or "",
-        "path": _text(ex.path) or "",
-        "query": _text(ex.query) or "",
-        "upstream": _text(ex.upstream) or "",
-        "upstream_url": _text(ex.upstream_url) or "",
-        "status": _int(ex.status),
+        "method": method or "",
+        "path": path or "",
+        "query": query or "",
+        "upstream": upstream or "",
+        "upstream_url": upstream_url or "",
+        "status": status,
         "stream": bool(ex.stream),
         "model": model,
-        "response_model": response_model,
-        "outcome": _text(ex.outcome) or "ok",
-        "error": _text(ex.error),
+        "response_model": response_model or _text(response.get("model")),
+        "outcome": outcome or "ok",
+        "error": error,
         "request": _body_json(bodies.request, ex.request_body),
         "request_body": bodies.request_body,
         "request_omitted": ex.omit_request,
         "response": _body_json(bodies.response, ex.response_body),
         "response_body": bodies.response_body,
         "response_omitted": ex.omit_response,
-        "response_bytes": _int(ex.response_bytes, _INT64) or 0,
-        "content_type": _text(ex.content_type),
-        "ttfb_ms": _float(ex.ttfb_ms),
-        "ttft_ms": _float(ex.ttft_ms),
-        "duration_ms": _float(ex.duration_ms),
-        "chunks": _int(ex.chunks) or 0,
-        "upstream_request_id": _text(ex.upstream_request_id),
-        "key_hash": _text(ex.key_hash),
-        "key_hint": _text(ex.key_hint),
-        "end_user": _text(ex.user),
-        "replay_of": _text(ex.replay_of),
-        "usage_source": _text(ex.usage_source),
-        "system_fingerprint": _text(ex.system_fingerprint)
-        or _text(response.get("system_fingerprint")),
-        "parse_errors": _json(list(ex.parse_errors) or None),
-        "cost_usd": _float(ex.cost_usd),
-        "price_entry": _text(ex.price_entry),
-        "redacted": _json(ex.redacted),
-        "session": _text(ex.session),
-        **dict(zip(("turn_key", "parent_key"), keys(ex.request_json, response), strict=True)),
-        "service_tier": _text(ex.service_tier),
+        "response_bytes": response_bytes or 0,
+        "content_type": content_type,
+        "ttfb_ms": ttfb_ms,
+        "ttft_ms": ttft_ms,
+        "duration_ms": duration_ms,
+        "chunks": chunks or 0,
+        "upstream_request_id": upstream_request_id,
+        "key_hash": key_hash,
+        "key_hint": key_hint,
+        "end_user": user,
+        "replay_of": replay_of,
+        "usage_source": usage_source,
+        "system_fingerprint": system_fingerprint or _text(response.get("system_fingerprint")),
+        "parse_errors": dumps(list(ex.parse_errors)) if ex.parse_errors else None,
+        "cost_usd": cost_usd,
+        "price_entry": price_entry,
+        "redacted": None if ex.redacted is None else dumps(ex.redacted),
+        "session": session,
+        "turn_key": turn_key,
+        "parent_key": parent_key,
+        "service_tier": service_tier,
     }
 
 
 def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Row:
     """The usage as reported (`raw`) and as decoded (`tokens`: None for a shape we cannot
     read, whose columns stay empty)."""
-    values = _NO_TOKENS if tokens is None else tokens
-    row: Row = {"exchange_id": exchange_id}
-    for column, index in _USAGE_COLUMNS:
-        if index < 0:
-            row[column] = dumps(usage)
-            continue
-        value = values[index]
-        # Decoded counts are never negative; one past the column's range is not kept.
-        row[column] = value if value is None or value < _INT32 else None
-    return row
+    values: tuple[int | None, ...] = _NO_TOKENS if tokens is None else tokens
+    # Decoded counts are never negative; one past the column's range is not kept.
+    if max(filter(None, values), default=0) >= _INT32:
+        values = tuple(v if v is None or v < _INT32 else None for v in values)
+    (input_, cached, cache_write, input_audio, cached_audio, input_image, cached_image) = values[:7]
+    (output, reasoning, output_audio, output_image, total, accepted, rejected) = values[7:]
+    return {
+        "exchange_id": exchange_id,
+        "prompt_tokens": input_,
+        "completion_tokens": output,
+        "total_tokens": total,
+        "cached_tokens": cached,
+        "prompt_audio_tokens": input_audio,
+        "reasoning_tokens": reasoning,
+        "completion_audio_tokens": output_audio,
+        "accepted_prediction_tokens": accepted,
+        "rejected_prediction_tokens": rejected,
+        "raw": dumps(usage),
+        "cache_write_tokens": cache_write,
+        "cached_audio_tokens": cached_audio,
+        "prompt_image_tokens": input_image,
+        "cached_image_tokens": cached_image,
+        "completion_image_tokens": output_image,
+    }
 
 
-_USAGE_COLUMNS = tuple(
-    (column, Usage._fields.index(name) if name else -1)
-    for column, name in (
-        ("prompt_tokens", "input"),
-        ("completion_tokens", "output"),
-        ("total_tokens", "total"),
-        ("cached_tokens", "cached"),
-        ("prompt_audio_tokens", "input_audio"),
-        ("reasoning_tokens", "reasoning"),
-        ("completion_audio_tokens", "output_audio"),
-        ("accepted_prediction_tokens", "accepted_prediction"),
-        ("rejected_prediction_tokens", "rejected_prediction"),
-        ("raw", ""),
-        ("cache_write_tokens", "cache_write"),
-        ("cached_audio_tokens", "cached_audio"),
-        ("prompt_image_tokens", "input_image"),
-        ("cached_image_tokens", "cached_image"),
-        ("completion_image_tokens", "output_image"),
-    )
-)
-"""`usage` columns, in the table's order, and the `Usage` field each holds (`raw`: -1)."""
 _NO_TOKENS = (None,) * len(Usage._fields)
 
 
@@ -287,7 +328,7 @@ def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
     """The batch by exchange id, each id once (the first occurrence wins)."""
     by_id: dict[str, Rows] = {}
     for rows in batch:
-        by_id.setdefault(rows.id, rows)
+        by_id.setdefault(str(rows.exchange["id"]), rows)  # `Rows.id`, without the call
     return by_id
 
 
@@ -312,15 +353,21 @@ _CHILDREN = (
 def table_records(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record]]]:
     """(table, records) to insert for exchanges not stored yet, parents first, none empty;
     each record a tuple of the table's columns in declared order."""
+    # map and chain: a batch's hundreds of rows gathered without a Python step each.
     if fresh:
-        yield t.exchanges, records(t.exchanges, [rows.exchange for rows in fresh])
-    for table, attr in _CHILDREN:
-        children = [row for rows in fresh for row in getattr(rows, attr)]
+        yield t.exchanges, records(t.exchanges, list(map(_EXCHANGE, fresh)))
+    for table, get in _CHILDREN_OF:
+        children = list(chain.from_iterable(map(get, fresh)))
         if children:
             yield table, records(table, children)
-    logprobs = [record for rows in fresh for record in rows.logprobs]
+    logprobs = list(chain.from_iterable(map(_LOGPROBS, fresh)))
     if logprobs:
         yield t.logprobs, logprobs
+
+
+_EXCHANGE = attrgetter("exchange")
+_CHILDREN_OF = tuple((table, attrgetter(attr)) for table, attr in _CHILDREN)
+_LOGPROBS = attrgetter("logprobs")
 
 
 def columns(table: sa.Table) -> list[str]:
@@ -339,8 +386,7 @@ def _columns(table: sa.Table) -> tuple[list[str], itemgetter[Any]]:
 def records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
     """Rows as the drivers take them: tuples of the table's columns in declared order. A row
     missing a column raises KeyError here rather than shifting its values."""
-    get = record_getter(table)
-    return [get(row) for row in rows]
+    return list(map(record_getter(table), rows))
 
 
 def record_getter(table: sa.Table) -> Callable[[Row], tuple[Any, ...]]:
@@ -361,6 +407,8 @@ def merged_fingerprints(seen: list[Row]) -> list[Row]:
             merged[key] = dict(row)
             continue
         known["count"] += 1
-        known["first_seen"] = min(known["first_seen"], row["first_seen"])
-        known["last_seen"] = max(known["last_seen"], row["last_seen"])
+        if row["first_seen"] < known["first_seen"]:  # min() and max(), without the calls
+            known["first_seen"] = row["first_seen"]
+        if row["last_seen"] > known["last_seen"]:
+            known["last_seen"] = row["last_seen"]
     return [merged[key] for key in sorted(merged)]

@@ -360,7 +360,20 @@ def _converters(table: sa.Table) -> list[tuple[int, Callable[[Any], Any]]]:
 
 def sqlite_time(value: datetime) -> str:
     """A time as SQLAlchemy's SQLite DateTime stores it (UTC wall clock, always with
-    microseconds: "2024-05-01 12:00:00.000000"), so reads parse it back."""
+    microseconds: "2024-05-01 12:00:00.000000"), so reads parse it back. Formatted from its
+    fields: `isoformat` parses its arguments and formats the UTC offset only to be cut off,
+    and every exchange's start goes through here."""
     if value.tzinfo is not UTC:
         value = value.astimezone(UTC)
-    return value.isoformat(" ", "microseconds")[:26]  # [:26] cuts "+00:00"
+    return _TIME % (
+        value.year,
+        value.month,
+        value.day,
+        value.hour,
+        value.minute,
+        value.second,
+        value.microsecond,
+    )
+
+
+_TIME = "%04d-%02d-%02d %02d:%02d:%02d.%06d"

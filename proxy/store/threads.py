@@ -51,10 +51,11 @@ def _calls(value: Any) -> list[Any]:
 def _message(value: Any) -> list[Any]:
     if not isinstance(value, dict):
         return [None]
+    content, calls = value.get("content"), value.get("tool_calls")
     return [
         value.get("role"),
-        _text(value.get("content")),
-        _calls(value.get("tool_calls")),
+        content if content.__class__ is str else _text(content),  # a plain text: as it is
+        [] if calls is None else _calls(calls),
         value.get("tool_call_id") or "",
         value.get("name") or "",
     ]
@@ -81,11 +82,12 @@ def keys(request: Any, response: Any) -> tuple[str | None, str | None]:
 
 
 def _chat_keys(messages: list[Any], response: Any) -> tuple[str | None, str | None]:
-    last = max(
-        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
-        default=None,
-    )
-    parent = _digest(messages[: last + 1]) if last is not None else None
+    parent = None
+    for last in range(len(messages) - 1, -1, -1):  # the last assistant message
+        message = messages[last]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            parent = _digest(messages[: last + 1])
+            break
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
     answer = first.get("message") if isinstance(first, dict) else None

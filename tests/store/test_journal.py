@@ -11,15 +11,19 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
+import orjson
 import pytest
 from sqlalchemy.engine import make_url
 
+from proxy.exchange import Exchange
 from proxy.store import upgrade
 from proxy.store.journal import Journal
 from proxy.store.lines import decode, encode
 from proxy.store.recorder import PG_WRITE_COMMAND_TIMEOUT, STALLED_AFTER
+from proxy.usage import Usage
 from tests import dbs
 from tests.conftest import until as wait_until
 from tests.dbs import chat_exchange
@@ -260,3 +264,19 @@ def test_a_record_with_keys_or_numbers_orjson_refuses_is_journaled_all_the_same(
     assert decode(encode(ex)).response_json == {"1": "one", "two": [2]}
     ex.response_json = {1: "one", "big": 1 << 70}
     assert decode(encode(ex)).response_json == {"1": "one", "big": 1 << 70}
+
+
+def test_a_journal_line_holds_every_field_of_the_exchange_in_its_order() -> None:
+    """`encode` spells the fields out: a field added to `Exchange` must be added there too."""
+    ex = chat_exchange(tags={"team": "a"})
+    ex.request_body, ex.omit_response, ex.tokens = b"raw", True, Usage(*range(len(Usage._fields)))
+    ex.raw_stream_gz, ex.raw_pacing = b"gz", [(1, 2.0)]
+    record = orjson.loads(encode(ex))["exchange"]
+    assert list(record) == [f.name for f in fields(Exchange)]
+    assert record["request_body"] is None  # the JSON is kept, so the raw body is not
+    assert record["response_json"] is None and record["raw_stream_gz"] is None  # omitted
+    assert record["tokens"] == list(ex.tokens)
+    back = decode(encode(ex))
+    for f in fields(Exchange):
+        if f.name not in ("request_body", "response_json", "response_body", "raw_stream_gz"):
+            assert getattr(back, f.name) == getattr(ex, f.name), f.name

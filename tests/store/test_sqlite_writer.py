@@ -12,6 +12,7 @@ import os
 import sqlite3
 import stat
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +282,19 @@ async def test_a_sqlite_file_gets_the_loop_thread_writer_and_memory_an_error(
             writer_for(in_memory)
     finally:
         await in_memory.dispose()
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2024, 5, 1, 12, 0, tzinfo=UTC),
+        datetime(2024, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        datetime(2025, 1, 1, 0, 30, 0, 5, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(2024, 3, 1, 20, 0, 1, 10, tzinfo=timezone(timedelta(hours=-7))),
+        datetime(999, 2, 3, 4, 5, 6, 7, tzinfo=UTC),
+        datetime.fromtimestamp(1_795_000_000.123456, UTC),
+    ],
+)
+def test_a_time_is_stored_as_sqlalchemys_sqlite_text(at: datetime) -> None:
+    """`sqlite_time` formats the fields itself; the text is what `isoformat` gives in UTC."""
+    assert sqlite_writer.sqlite_time(at) == at.astimezone(UTC).isoformat(" ", "microseconds")[:26]

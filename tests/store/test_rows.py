@@ -1,0 +1,136 @@
+"""`rows.rows_for` on fields a vendor or a client made odd: the exchange row's text and
+float columns take the fast path only when every value is plain, and anything else comes out
+as `_text` and `_float` make it one by one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.store import rows as r
+from proxy.store import tables as t
+from proxy.text import dumps
+from proxy.usage import Usage
+from tests.dbs import chat_exchange
+
+TEXTS = (
+    *("method", "path", "query", "upstream", "upstream_url", "model", "response_model"),
+    *("outcome", "error", "content_type", "upstream_request_id", "key_hash", "key_hint"),
+    *("user", "replay_of", "usage_source", "system_fingerprint", "price_entry", "session"),
+    "service_tier",
+)
+COLUMN = {"user": "end_user"}
+FLOATS = ("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
+DEFAULTS = {
+    "method": "",
+    "path": "",
+    "query": "",
+    "upstream": "",
+    "upstream_url": "",
+    "outcome": "ok",
+}
+
+
+class Text(str):
+    pass
+
+
+@pytest.mark.parametrize("field", TEXTS)
+@pytest.mark.parametrize("value", ["a\x00b", 7, b"bytes", "", Text("sub"), None])
+def test_each_text_column_is_what_text_makes_of_its_field(field: str, value: Any) -> None:
+    ex = chat_exchange(fingerprint=None)
+    ex.response_json.pop("model")  # no fallback for `response_model` from the response
+    ex.status = 201  # not a Batch API answer: its rows read `path` as text
+    setattr(ex, field, value)
+    row = r.rows_for(ex).exchange
+    for name in TEXTS:
+        expected = r._text(getattr(ex, name))
+        if name in DEFAULTS:
+            expected = expected or DEFAULTS[name]
+        elif name in ("response_model", "system_fingerprint"):
+            expected = expected or None  # the response has neither to fall back on
+        assert row[COLUMN.get(name, name)] == expected
+        assert type(row[COLUMN.get(name, name)]) is type(expected)
+
+
+@pytest.mark.parametrize("field", FLOATS)
+@pytest.mark.parametrize("value", [3, True, "1.5", 2.5, None, float("inf")])
+def test_each_float_column_is_what_float_makes_of_its_field(field: str, value: Any) -> None:
+    ex = chat_exchange()
+    setattr(ex, field, value)
+    row = r.rows_for(ex).exchange
+    assert row[field] == r._float(value)
+    assert type(row[field]) is type(r._float(value))
+
+
+def test_a_usage_row_keeps_each_count_in_its_column_and_drops_one_past_the_range() -> None:
+    counts = Usage(*(i + 1 for i in range(len(Usage._fields))))
+    row = r.usage_row("x", {"prompt_tokens": 1}, counts._replace(reasoning=2**31, total=2**31 - 1))
+    assert row == {
+        "exchange_id": "x",
+        "prompt_tokens": counts.input,
+        "completion_tokens": counts.output,
+        "total_tokens": 2**31 - 1,
+        "cached_tokens": counts.cached,
+        "prompt_audio_tokens": counts.input_audio,
+        "reasoning_tokens": None,  # past the column's range
+        "completion_audio_tokens": counts.output_audio,
+        "accepted_prediction_tokens": counts.accepted_prediction,
+        "rejected_prediction_tokens": counts.rejected_prediction,
+        "raw": '{"prompt_tokens":1}',
+        "cache_write_tokens": counts.cache_write,
+        "cached_audio_tokens": counts.cached_audio,
+        "prompt_image_tokens": counts.input_image,
+        "cached_image_tokens": counts.cached_image,
+        "completion_image_tokens": counts.output_image,
+    }
+    assert list(row) == ["exchange_id", *r.columns(t.usage)[1:]]
+    assert r.usage_row("x", {}, None) == {
+        **dict.fromkeys(row, None),
+        "exchange_id": "x",
+        "raw": "{}",
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "limit", "default"),
+    [("status", 2**31, None), ("response_bytes", 2**63, 0), ("chunks", 2**31, 0)],
+)
+@pytest.mark.parametrize("shift", [0, 1])
+@pytest.mark.parametrize("value", [7, True, 2.0, "3", None, -1])
+def test_each_int_column_is_what_int_makes_of_its_field(
+    field: str, limit: int, default: int | None, shift: int, value: Any
+) -> None:
+    """Plain ints in range are taken as they are; the rest (bools, floats, text, one past the
+    column's range either way) as `_int` makes them."""
+    ex = chat_exchange()
+    ex.status = 201  # not a Batch API answer
+    for given in (value, limit - 1 + shift, -limit - shift):
+        setattr(ex, field, given)
+        expected = r._int(given, limit)
+        if field != "status":
+            expected = expected or default
+        assert r.rows_for(ex).exchange[field] == expected
+        assert type(r.rows_for(ex).exchange[field]) is type(expected)
+
+
+class Pair(tuple[int, float]):
+    pass
+
+
+@pytest.mark.parametrize(
+    "pacing",
+    [
+        [(0, 1.5), (120, 80.25)],
+        [[0, 1.5], (120, 80.25)],
+        [Pair((0, 1.5)), (1, 2.0)],
+        [(1 << 70, 1.0)],
+        [],
+    ],
+)
+def test_a_streams_pacing_is_stored_as_json_lists_of_pairs(pacing: list[Any]) -> None:
+    ex = chat_exchange()
+    ex.raw_stream_gz, ex.raw_pacing = b"gz", pacing
+    stored = r.rows_for(ex).raw_streams[0]["pacing"]
+    assert stored == dumps([list(p) for p in pacing])
