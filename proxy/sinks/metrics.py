@@ -97,6 +97,12 @@ class _Bounded:
         return value
 
 
+def _usage(ex: Exchange) -> Any:
+    """The exchange's usage object as reported, if any."""
+    response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
+    return ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
+
+
 def _should_cost(ex: Exchange, usage: Any) -> bool:
     """Whether an exchange without a cost counts as unpriced: the cost report's rule
     (`store.cost.is_unpriced`), so the two always agree."""
@@ -285,8 +291,6 @@ class MetricsSink:
             series.ttft.observe(ex.ttft_ms / 1000)
         if ex.ttfb_ms is not None:
             series.ttfb.observe(ex.ttfb_ms / 1000)
-        response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
-        usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
         tokens = ex.tokens
         if tokens is not None:
             series.input_held += tokens.input - tokens.cached
@@ -295,16 +299,17 @@ class MetricsSink:
             series.reasoning_output_held += tokens.reasoning
         if ex.cost_usd is not None:
             series.cost_held += ex.cost_usd
-        elif _should_cost(ex, usage):
+        elif _should_cost(ex, _usage(ex)):
             series.unpriced_held += 1
         fingerprint = ex.system_fingerprint
         if fingerprint:
             where = (ex.upstream, series.model)
             before = self._fingerprints.get(where)
-            if before is not None and before != fingerprint:
-                series.fingerprint_changes.inc()
-            if len(self._fingerprints) < MAX_VALUES or before is not None:
-                self._fingerprints[where] = fingerprint
+            if before != fingerprint:
+                if before is not None:
+                    series.fingerprint_changes.inc()
+                if len(self._fingerprints) < MAX_VALUES or before is not None:
+                    self._fingerprints[where] = fingerprint
 
 
 class _Series:
