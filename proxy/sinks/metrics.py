@@ -268,22 +268,20 @@ class MetricsSink:
         except Exception:
             pass
 
-    def _series(self, ex: Exchange) -> _Series:
-        """The labelled series one exchange counts in, made once per label set: `labels()`
+    def _series(self, ex: Exchange, model: str | None, key: tuple[Any, ...]) -> _Series:
+        """The labelled series of `key` (`_count`), made once per label set: `labels()`
         checks its arguments on every call, and the counting is done per exchange."""
-        model = ex.model_name
+        if len(self._known) >= MAX_CHILDREN:
+            self.sample()
+            self._known.clear()
         stream = "true" if ex.stream else "false"
-        key = (ex.upstream, model, ex.outcome, ex.status, stream, ex.user, ex.key_hash)
-        found = self._known.get(key)
-        if found is None:
-            if len(self._known) >= MAX_CHILDREN:
-                self.sample()
-                self._known.clear()
-            found = self._known[key] = _Series(self, ex.upstream, self._model(model), ex, stream)
-        return found
+        made = self._known[key] = _Series(self, ex.upstream, self._model(model), ex, stream)
+        return made
 
     def _count(self, ex: Exchange) -> None:
-        series = self._series(ex)
+        model = ex.model_name
+        key = (ex.upstream, model, ex.outcome, ex.status, ex.stream, ex.user, ex.key_hash)
+        series = self._known.get(key) or self._series(ex, model, key)
         series.requests_held += 1
         if ex.duration_ms is not None:
             series.duration.observe(ex.duration_ms / 1000)
