@@ -27,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.keynames import KeyNames
+from proxy.sinks.timings import HeldTimings
 from proxy.stream.endpoints import FREE_ENDPOINT
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -352,9 +353,9 @@ class _Series:
         self.requests = sink.requests.labels(
             upstream, model, ex.outcome, status_class(ex.status), *extra
         )
-        self.duration = sink.duration.labels(upstream, model, stream)
-        self.ttft = sink.ttft.labels(upstream, model)
-        self.ttfb = sink.ttfb.labels(upstream)
+        self.duration = HeldTimings(sink.duration.labels(upstream, model, stream), SECONDS)
+        self.ttft = HeldTimings(sink.ttft.labels(upstream, model), FIRST_BYTE_SECONDS)
+        self.ttfb = HeldTimings(sink.ttfb.labels(upstream), FIRST_BYTE_SECONDS)
         self.input = sink.tokens.labels(upstream, model, "input", *extra)
         self.cached_input = sink.tokens.labels(upstream, model, "cached_input", *extra)
         self.output = sink.tokens.labels(upstream, model, "output", *extra)
@@ -373,6 +374,9 @@ class _Series:
             if held:
                 getattr(self, name).inc(held)
                 setattr(self, name + "_held", 0)
+        self.duration.flush()
+        self.ttft.flush()
+        self.ttfb.flush()
 
 
 _HELD = ("requests", "unpriced", "input", "cached_input", "output", "reasoning_output", "cost")
