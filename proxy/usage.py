@@ -89,23 +89,55 @@ def _cut(value: Any, whole: int) -> int:
     return 0 if found is None else min(found, whole)
 
 
+def _split(split: Any, cached: int, audio: int, image: int) -> tuple[int, int]:
+    """Realtime's cached audio and image tokens (`cached_tokens_details`), each within the
+    cached tokens and the tokens of its modality."""
+    if not _is_mapping(split):
+        return 0, 0
+    return (
+        _cut(split.get("audio_tokens"), min(cached, audio)),
+        _cut(split.get("image_tokens"), min(cached, image)),
+    )
+
+
+def _input_output(
+    usage: Mapping[str, Any],
+) -> tuple[int, int, Mapping[str, Any], Mapping[str, Any]] | None:
+    """The totals and details tables of the Responses shape (`input_tokens`, also images,
+    transcriptions and Realtime); None when it has no input count."""
+    total = _count(usage.get("input_tokens"))
+    if total is None:
+        return None
+    output = _count(usage.get("output_tokens")) or 0
+    ins = _details(usage, "input_tokens_details", "input_token_details")
+    outs = _details(usage, "output_tokens_details", "output_token_details")
+    return total, output, ins, outs
+
+
 def decode_usage(usage: Any) -> Usage | None:
     """`Usage` from a usage object of any endpoint; None when there is none or its shape is
     unknown (a transcription billed by duration, a vendor's own shape)."""
-    if not _is_mapping(usage):
+    if type(usage) is not dict and not _is_mapping(usage):
         return None
-    total = _count(usage.get("prompt_tokens"))
+    # Each count: a plain non-negative int (nearly always), else `_count`, written out.
+    total = usage.get("prompt_tokens")
+    if type(total) is not int or total < 0:
+        total = _count(total)
     if total is not None:  # chat/completions, legacy completions, embeddings
-        output = _count(usage.get("completion_tokens")) or 0
-        ins = _details(usage, "prompt_tokens_details")
-        outs = _details(usage, "completion_tokens_details")
+        output = usage.get("completion_tokens")
+        if type(output) is not int or output < 0:
+            output = _count(output) or 0
+        ins = usage.get("prompt_tokens_details")
+        if type(ins) is not dict:
+            ins = _details(usage, "prompt_tokens_details")
+        outs = usage.get("completion_tokens_details")
+        if type(outs) is not dict:
+            outs = _details(usage, "completion_tokens_details")
     else:  # Responses, images, transcriptions, Realtime
-        total = _count(usage.get("input_tokens"))
-        if total is None:
+        found = _input_output(usage)
+        if found is None:
             return None
-        output = _count(usage.get("output_tokens")) or 0
-        ins = _details(usage, "input_tokens_details", "input_token_details")
-        outs = _details(usage, "output_tokens_details", "output_token_details")
+        total, output, ins, outs = found
     # Each detail: a plain int within its whole (nearly always), else `_cut`.
     get = ins.get
     cached = get("cached_tokens", 0)
@@ -120,11 +152,8 @@ def decode_usage(usage: Any) -> Usage | None:
     write = get("cache_write_tokens", 0)
     if type(write) is not int or not 0 <= write <= total - cached:
         write = _cut(write, total - cached)
-    cached_audio = cached_image = 0
-    split = get("cached_tokens_details")
-    if split is not None and _is_mapping(split):  # Realtime: cached tokens by modality
-        cached_audio = _cut(split.get("audio_tokens"), min(cached, audio))
-        cached_image = _cut(split.get("image_tokens"), min(cached, image))
+    split = get("cached_tokens_details")  # Realtime: cached tokens by modality
+    cached_audio, cached_image = (0, 0) if split is None else _split(split, cached, audio, image)
     get = outs.get
     reasoning = get("reasoning_tokens", 0)
     if type(reasoning) is not int or not 0 <= reasoning <= output:
@@ -135,8 +164,13 @@ def decode_usage(usage: Any) -> Usage | None:
     output_image = get("image_tokens", 0)
     if type(output_image) is not int or not 0 <= output_image <= output:
         output_image = _cut(output_image, output)
+    whole = usage.get("total_tokens")
+    if type(whole) is not int or whole < 0:
+        whole = _count(whole)
+    accepted, rejected = get("accepted_prediction_tokens"), get("rejected_prediction_tokens")
+    if accepted is not None or rejected is not None:
+        accepted, rejected = _count(accepted), _count(rejected)
     return Usage(
         total, cached, write, audio, cached_audio, image, cached_image,
-        output, reasoning, output_audio, output_image, _count(usage.get("total_tokens")),
-        _count(get("accepted_prediction_tokens")), _count(get("rejected_prediction_tokens")),
+        output, reasoning, output_audio, output_image, whole, accepted, rejected,
     )  # fmt: skip

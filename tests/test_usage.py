@@ -134,6 +134,31 @@ def test_details_are_cut_to_their_totals() -> None:
     assert decode_usage(usage) == Usage(10, 10, 0, 8, 8, 0, 0, 4, 0, 4, 0)
 
 
+@pytest.mark.parametrize(
+    ("sent", "read"),
+    [(7, 7), (0, 0), (3.0, 3), (-1, None), (True, None), (2.5, None), ("7", None), (None, None)],
+)
+def test_each_count_as_sent_or_none(sent: Any, read: int | None) -> None:
+    """Every top-level count and prediction count takes a whole non-negative number (a float
+    one too), and nothing else; a total that is none is no usage, an output none is 0."""
+    counts = ("total_tokens", "accepted_prediction_tokens", "rejected_prediction_tokens")
+    usage = {
+        "prompt_tokens": 10,
+        "completion_tokens": sent,
+        "total_tokens": sent,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": sent,
+            "rejected_prediction_tokens": sent,
+        },
+    }
+    decoded = decode_usage(usage)
+    assert decoded is not None
+    assert decoded.output == (read or 0)
+    assert [getattr(decoded, c.removesuffix("_tokens")) for c in counts] == [read] * 3
+    found = decode_usage({"prompt_tokens": sent, "completion_tokens": 1})
+    assert (found.input if found is not None else None) == read
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),

@@ -90,9 +90,10 @@ class _Handler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         parsed = self._request_count
-        super().data_received(data)
+        RequestHandler.data_received(self, data)  # (no `super()` object: once per read)
         if self._request_count > parsed:
-            self._stop_header_clock()
+            if self._header_deadline is not None:
+                self._stop_header_clock()
         elif self._header_deadline is None and self._waiting_for_request():
             # The first bytes of the next request, its headers not all here: a request
             # whose headers come whole (nearly every one) never needs a timer.

@@ -77,7 +77,10 @@ class Deferred:
         self._timer = None
         pending, self._pending = self._pending, []
         for work, args in pending:
-            _run(work, args)
+            try:  # `_run`, written out: once per exchange
+                work(*args)
+            except Exception:  # one failure must not cost the records after it
+                log.exception("deferred work %s failed", getattr(work, "__qualname__", work))
 
 
 def _run(work: Callable[..., None], args: tuple[Any, ...]) -> None:

@@ -73,7 +73,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     later = app[APP_DEFERRED]
     later.under_way += 1
     in_flight = app[APP_IN_FLIGHT]
-    in_flight.enter()
+    task = in_flight.enter()
     try:
         if refused:
             return refuse_path(record.ensure_exchange(), upstream)
@@ -100,8 +100,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         # Completed off the way of the client's next request (`Deferred`).
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
         later.under_way -= 1
-        in_flight.leave()
-        later.add(conclude, exchange, request, tee, app[APP_SINKS])
+        in_flight.leave(task)
+        later.add(conclude, exchange, request, tee, app[APP_SINKS], record.controls)
 
 
 async def _exchange(
@@ -134,7 +134,7 @@ async def _exchange(
     url = URL(upstream.base_url + rest, encoded=True)
     try:
         try:
-            answer = await _send_upstream(request, app[APP_SESSION], url, outgoing)
+            answer = await _send_upstream(request, app[APP_SESSION], url, outgoing, record)
         except TimeoutError:
             return unreachable(record.ensure_exchange(), upstream, 504, "timeout", "timed out")
         except aiohttp.ClientError as exc:
@@ -160,14 +160,21 @@ async def _read_body(request: web.Request, seconds: float) -> bytes:
 
 
 async def _send_upstream(
-    request: web.Request, session: aiohttp.ClientSession, url: URL, body: UpstreamBody
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    url: URL,
+    body: UpstreamBody,
+    record: Record,
 ) -> aiohttp.ClientResponse:
-    """Send the request upstream; the answer once its headers are in."""
-    injected = body.injected
+    """Send the request upstream; the answer once its headers are in. The control headers
+    left out go to `record.controls`."""
+    controls: list[tuple[str, str]] = []
+    headers = upstream_headers(request.headers, identity_encoding=body.injected, controls=controls)
+    record.controls = controls
     return await session.request(
         request.method,
         url,
-        headers=upstream_headers(request.headers, identity_encoding=injected),
+        headers=headers,
         data=body.sent or None,
         allow_redirects=False,
     )

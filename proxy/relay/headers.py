@@ -64,17 +64,28 @@ def _accept_encoding(value: str) -> str:
 _NOT_UPSTREAM = HOP_BY_HOP | {"host", "content-length"}
 
 
-def upstream_headers(headers: Headers, *, identity_encoding: bool) -> CIMultiDict[str]:
+def upstream_headers(
+    headers: Headers,
+    *,
+    identity_encoding: bool,
+    controls: list[tuple[str, str]] | None = None,
+) -> CIMultiDict[str]:
     """The client's headers as the upstream gets them: less hop-by-hop, Host, length, controls.
 
     `identity_encoding` asks for an uncompressed body: the proxy must cut an event out of it.
-    One pass, on every request's way upstream.
+    The control headers left out are appended to `controls` when given, so that the record
+    need not look for them again (`control_headers`). One pass, on every request's way
+    upstream.
     """
     listed = _connection_tokens(headers)
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in headers.items():
         lower = name.lower()
-        if lower in _NOT_UPSTREAM or lower in listed or lower.startswith(CONTROL_PREFIX):
+        if lower.startswith(CONTROL_PREFIX):  # (even one named in `Connection`)
+            if controls is not None:
+                controls.append((lower, value))
+            continue
+        if lower in _NOT_UPSTREAM or lower in listed:
             continue
         if lower == "accept-encoding":
             value = "identity" if identity_encoding else _accept_encoding(value)
@@ -101,10 +112,12 @@ class Controls:
     session: str | None = None
 
 
-def control_headers(headers: Headers) -> Controls:
-    """Read the `X-Flightrec-*` headers (SPEC section 2); they never reach the upstream."""
+def control_headers(headers: Headers, found: list[tuple[str, str]] | None = None) -> Controls:
+    """Read the `X-Flightrec-*` headers (SPEC section 2); they never reach the upstream.
+    `found`: the control headers of `headers` as `upstream_headers` collected them, read
+    instead of every header."""
     controls = Controls()
-    for name, value in headers.items():
+    for name, value in headers.items() if found is None else found:
         lower = name.lower()
         if not lower.startswith(CONTROL_PREFIX):
             continue

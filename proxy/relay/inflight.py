@@ -36,13 +36,15 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def enter(self) -> None:
+    def enter(self) -> asyncio.Task[Any] | None:
+        """Count the current task in; returns it, for `leave`."""
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
+        return task
 
-    def leave(self) -> None:
-        task = asyncio.current_task()
+    def leave(self, task: asyncio.Task[Any] | None) -> None:
+        """Count out the task `enter` returned."""
         if task is not None:
             self._tasks.discard(task)
 

@@ -44,6 +44,7 @@ class Record:
         "_rest",
         "_upstream",
         "body",
+        "controls",
         "id",
         "tee",
     )
@@ -62,6 +63,9 @@ class Record:
         """The request body, parsed when the proxy had to (else `conclude` parses it)."""
         self.tee: StreamTee | None = None
         """The answer's tee, once the answer is being relayed: `conclude` has it finish."""
+        self.controls: list[tuple[str, str]] | None = None
+        """The request's control headers, once the headers for the upstream were made
+        (`headers.upstream_headers`); None before."""
 
     def answered(self, ttfb_ms: float, response: aiohttp.ClientResponse, content_type: str) -> None:
         """The upstream's answer has come: what the record says of it, filled in when the
@@ -74,18 +78,18 @@ class Record:
         exchange = self._exchange
         if exchange is None:
             upstream = self._upstream
-            exchange = self._exchange = Exchange.start(
-                self._method,
-                "",
-                "",
-                upstream.name,
-                exchange_id=self.id,
+            body = self.body
+            exchange = self._exchange = Exchange(
+                id=self.id,
                 started_at=self._began,
+                method=self._method,
+                path="",
+                query="",
+                upstream=upstream.name,
+                upstream_url=upstream.base_url + self._rest.partition("?")[0],
+                request_body=None if body is None else body.original,
+                request_json=None if body is None else body.payload,
             )
-            if self.body is not None:
-                exchange.request_body = self.body.original
-                exchange.request_json = self.body.payload
-            exchange.upstream_url = upstream.base_url + self._rest.partition("?")[0]
             if self._answer is not None:
                 self._fill_answer(exchange)
         return exchange
@@ -100,8 +104,15 @@ class Record:
         exchange.stream = exchange.stream or content_type.startswith("text/event-stream")
 
 
-def conclude(exchange: Exchange, request: web.Request, tee: StreamTee | None, sinks: Sinks) -> None:
-    """Complete the record and hand it to the sinks, whatever happened before."""
+def conclude(
+    exchange: Exchange,
+    request: web.Request,
+    tee: StreamTee | None,
+    sinks: Sinks,
+    controls: list[tuple[str, str]] | None = None,
+) -> None:
+    """Complete the record and hand it to the sinks, whatever happened before. `controls`:
+    the request's control headers when collected already (`Record.controls`)."""
     try:
         exchange.path = request.path
         exchange.query = mask_query(request.query_string)
@@ -111,7 +122,7 @@ def conclude(exchange: Exchange, request: web.Request, tee: StreamTee | None, si
                 exchange.report(
                     "upstream_error", _error_text(exchange.response_json, exchange.response_body)
                 )
-        _describe_request(exchange, request.headers)
+        _describe_request(exchange, request.headers, controls)
     except Exception as exc:  # a bug here must not cost the record
         log.exception("exchange %s: completing the record failed", exchange.id)
         if exchange.outcome == "ok":
@@ -122,10 +133,12 @@ def conclude(exchange: Exchange, request: web.Request, tee: StreamTee | None, si
         sinks.accept(exchange)
 
 
-def _describe_request(exchange: Exchange, headers: Any) -> None:
+def _describe_request(
+    exchange: Exchange, headers: Any, found: list[tuple[str, str]] | None
+) -> None:
     """What the record says about the request besides its bytes: the control headers, the
     key, the model, the user."""
-    controls = control_headers(headers)
+    controls = control_headers(headers, found)
     exchange.tags = controls.tags
     exchange.omit_request = controls.omit_request
     exchange.omit_response = controls.omit_response

@@ -141,12 +141,12 @@ class StreamTee:
     def finish(self) -> None:
         """Fill the exchange from what went by. Called once the client has the whole response:
         building the record must not delay the end of the body."""
-        reader = self._reader_made()
+        reader = self._reader or self._reader_made()
         self._catch_up()
         if self._end_waits:
             self._end_waits = False
             self._end_body(self._client_has_all)
-        exchange = self.exchange
+        exchange = self._exchange or self.exchange
         if exchange.outcome == "client_disconnected" and self._client_has_answer():
             # The client left after it had the whole answer (the openai SDK closes the
             # response at [DONE], without waiting for the body's end): nothing was lost.
@@ -249,9 +249,10 @@ class StreamTee:
         given (None: the caller writes what this returns and says so with `_delivered_now`)."""
         if delivered:
             self._delivered(piece if written is None else written, arrived)
-        reader = self._reader_made()
+        reader = self._reader or self._reader_made()
         drops = reader.feed(piece, arrived)
-        self._final_event(reader, delivered)
+        if reader.ended and self._final is _Final.NOT_SEEN:
+            self._final_event(reader, delivered)
         if drops is None or self._withholder is None:
             return piece
         if delivered is not None:  # whole events, cut and written already: nothing to release
@@ -270,7 +271,7 @@ class StreamTee:
     def _delivered(self, data: bytes, when: float) -> None:
         if not data:
             return
-        self.exchange.response_bytes += len(data)
+        (self._exchange or self.exchange).response_bytes += len(data)
         reader = self._reader
         if self._keep_raw and not (reader is not None and reader.truncated):
             if self._raw is None:
@@ -280,9 +281,10 @@ class StreamTee:
     def _end_body(self, delivered: bool | None) -> bytes:
         """Read what is left of the body; returns bytes still held. `delivered`: as for
         `_read`, of the body's last bytes."""
-        reader = self._reader_made()
+        reader = self._reader or self._reader_made()
         drops = reader.end(self._ended_at)
-        self._final_event(reader, delivered)
+        if reader.ended and self._final is _Final.NOT_SEEN:
+            self._final_event(reader, delivered)
         if drops is None or self._withholder is None:
             return b""
         return self._withholder.release(b"", drops, reader.sse.offset if reader.sse else 0)

@@ -184,12 +184,12 @@ async def _accepted(
     in_flight = request.app[APP_IN_FLIGHT]
     relay = Relay(client, up, record, lambda: in_flight.cut)
     sessions.open.add(relay)
-    in_flight.enter()  # on SIGTERM, a session gets the grace of every exchange in flight
+    task = in_flight.enter()  # on SIGTERM, a session gets the grace of every exchange in flight
     try:
         await client.prepare(request)
         await relay.run()
     finally:
-        in_flight.leave()
+        in_flight.leave(task)
         sessions.open.discard(relay)
         for side in (0, 1):
             sessions.frames_closed[side] += record.frames[side]

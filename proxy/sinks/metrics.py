@@ -27,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.keynames import KeyNames
+from proxy.sinks.timings import HeldTimings
 from proxy.stream.endpoints import FREE_ENDPOINT
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -95,6 +96,12 @@ class _Bounded:
             return "other"
         self._seen.add(value)
         return value
+
+
+def _usage(ex: Exchange) -> Any:
+    """The exchange's usage object as reported, if any."""
+    response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
+    return ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
 
 
 def _should_cost(ex: Exchange, usage: Any) -> bool:
@@ -262,22 +269,20 @@ class MetricsSink:
         except Exception:
             pass
 
-    def _series(self, ex: Exchange) -> _Series:
-        """The labelled series one exchange counts in, made once per label set: `labels()`
+    def _series(self, ex: Exchange, model: str | None, key: tuple[Any, ...]) -> _Series:
+        """The labelled series of `key` (`_count`), made once per label set: `labels()`
         checks its arguments on every call, and the counting is done per exchange."""
-        model = ex.model_name
+        if len(self._known) >= MAX_CHILDREN:
+            self.sample()
+            self._known.clear()
         stream = "true" if ex.stream else "false"
-        key = (ex.upstream, model, ex.outcome, ex.status, stream, ex.user, ex.key_hash)
-        found = self._known.get(key)
-        if found is None:
-            if len(self._known) >= MAX_CHILDREN:
-                self.sample()
-                self._known.clear()
-            found = self._known[key] = _Series(self, ex.upstream, self._model(model), ex, stream)
-        return found
+        made = self._known[key] = _Series(self, ex.upstream, self._model(model), ex, stream)
+        return made
 
     def _count(self, ex: Exchange) -> None:
-        series = self._series(ex)
+        model = ex.model_name
+        key = (ex.upstream, model, ex.outcome, ex.status, ex.stream, ex.user, ex.key_hash)
+        series = self._known.get(key) or self._series(ex, model, key)
         series.requests_held += 1
         if ex.duration_ms is not None:
             series.duration.observe(ex.duration_ms / 1000)
@@ -285,8 +290,6 @@ class MetricsSink:
             series.ttft.observe(ex.ttft_ms / 1000)
         if ex.ttfb_ms is not None:
             series.ttfb.observe(ex.ttfb_ms / 1000)
-        response: Any = ex.response_json if isinstance(ex.response_json, dict) else {}
-        usage = ex.usage if isinstance(ex.usage, dict) else response.get("usage") or None
         tokens = ex.tokens
         if tokens is not None:
             series.input_held += tokens.input - tokens.cached
@@ -295,16 +298,17 @@ class MetricsSink:
             series.reasoning_output_held += tokens.reasoning
         if ex.cost_usd is not None:
             series.cost_held += ex.cost_usd
-        elif _should_cost(ex, usage):
+        elif _should_cost(ex, _usage(ex)):
             series.unpriced_held += 1
         fingerprint = ex.system_fingerprint
         if fingerprint:
             where = (ex.upstream, series.model)
             before = self._fingerprints.get(where)
-            if before is not None and before != fingerprint:
-                series.fingerprint_changes.inc()
-            if len(self._fingerprints) < MAX_VALUES or before is not None:
-                self._fingerprints[where] = fingerprint
+            if before != fingerprint:
+                if before is not None:
+                    series.fingerprint_changes.inc()
+                if len(self._fingerprints) < MAX_VALUES or before is not None:
+                    self._fingerprints[where] = fingerprint
 
 
 class _Series:
@@ -349,9 +353,9 @@ class _Series:
         self.requests = sink.requests.labels(
             upstream, model, ex.outcome, status_class(ex.status), *extra
         )
-        self.duration = sink.duration.labels(upstream, model, stream)
-        self.ttft = sink.ttft.labels(upstream, model)
-        self.ttfb = sink.ttfb.labels(upstream)
+        self.duration = HeldTimings(sink.duration.labels(upstream, model, stream), SECONDS)
+        self.ttft = HeldTimings(sink.ttft.labels(upstream, model), FIRST_BYTE_SECONDS)
+        self.ttfb = HeldTimings(sink.ttfb.labels(upstream), FIRST_BYTE_SECONDS)
         self.input = sink.tokens.labels(upstream, model, "input", *extra)
         self.cached_input = sink.tokens.labels(upstream, model, "cached_input", *extra)
         self.output = sink.tokens.labels(upstream, model, "output", *extra)
@@ -370,6 +374,9 @@ class _Series:
             if held:
                 getattr(self, name).inc(held)
                 setattr(self, name + "_held", 0)
+        self.duration.flush()
+        self.ttft.flush()
+        self.ttfb.flush()
 
 
 _HELD = ("requests", "unpriced", "input", "cached_input", "output", "reasoning_output", "cost")

@@ -24,8 +24,13 @@ def settle(exchange: Exchange, prices: Prices) -> None:
     response = exchange.response_json if isinstance(exchange.response_json, dict) else {}
     usage = exchange.usage if isinstance(exchange.usage, dict) else response.get("usage")
     exchange.tokens = tokens = decode_usage(usage)
-    exchange.service_tier = _text(exchange.service_tier) or _text(response.get("service_tier"))
-    exchange.response_model = _text(exchange.response_model) or _text(response.get("model"))
+    # `_text` written out for the usual case (a text already set, or none in the response).
+    tier = exchange.service_tier
+    if type(tier) is not str or not tier:
+        exchange.service_tier = _text(tier) or _text(response.get("service_tier"))
+    model = exchange.response_model
+    if type(model) is not str or not model:
+        exchange.response_model = _text(model) or _text(response.get("model"))
     priced = prices.price(
         tokens,
         exchange.model_name,

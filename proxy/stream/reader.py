@@ -66,10 +66,6 @@ class Decoder:
         self._encoding = encoding
         self._z: Any = None
 
-    @classmethod
-    def for_encoding(cls, encoding: str) -> Decoder | None:
-        return None if encoding in ("", "identity") else cls(encoding)
-
     def feed(self, data: bytes) -> bytes:
         if self._z is None:
             if self._encoding in ("gzip", "x-gzip"):
@@ -115,7 +111,8 @@ class BodyReader:
         self._events_past = 0
         """Events that came past `_max_stream` and were not recorded."""
         self.readable = encoding in READABLE
-        self._decoder = Decoder.for_encoding(encoding) if self.readable else None
+        compressed = self.readable and encoding not in ("", "identity")
+        self._decoder = Decoder(encoding) if compressed else None
         if not self.readable:
             self._problem(
                 f"response Content-Encoding {encoding!r} cannot be decoded for the record"

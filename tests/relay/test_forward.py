@@ -20,6 +20,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from yarl import URL
 
 from proxy.exchange import Exchange
+from proxy.relay import record
 from tests.conftest import FakeUpstream, RunningProxy, Sdk, completion
 
 KEY = "sk-test-0123456789abcdefWXYZ"
@@ -284,14 +285,13 @@ async def test_the_record_is_made_once_the_answer_is_on_its_way_to_the_client(
     client_socket: list[Any] = []
     received_then: list[int] = []
     made_at: list[float] = []
-    start = Exchange.start
 
     def watched_start(*args: Any, **kwargs: Any) -> Exchange:
         made_at.append(time.time())
         received_then.append(_received(client_socket[0]))
-        return start(*args, **kwargs)
+        return Exchange(*args, **kwargs)
 
-    monkeypatch.setattr(Exchange, "start", watched_start)
+    monkeypatch.setattr(record, "Exchange", watched_start)  # what `Record` makes its with
     address = URL(proxy.base_url)
     reader, writer = await asyncio.open_connection(address.host, address.port)
     client_socket.append(writer.get_extra_info("socket"))

@@ -63,8 +63,9 @@ async def test_headers_query_and_control_headers(
             "X-Flightrec-Tag-Team": "search",
             "X-Flightrec-Tag-Env": "prod",
             "X-Flightrec-User": "alice",
+            "X-Flightrec-Session": "s-1",  # named in `Connection` too: read all the same
             "OpenAI-Organization": "org-1",
-            "Connection": "keep-alive, X-Hop",
+            "Connection": "keep-alive, X-Hop, X-Flightrec-Session",
             "X-Hop": "dropped",
         },
     )
@@ -80,7 +81,7 @@ async def test_headers_query_and_control_headers(
     assert headers["X-Flightrec-Id"] == exchange.id
     assert headers["x-request-id"] == "req_fake123"
     assert exchange.tags == {"team": "search", "env": "prod"}
-    assert exchange.user == "alice"
+    assert exchange.user == "alice" and exchange.session == "s-1"
     assert exchange.key_hint == "sk-...3456" and len(exchange.key_hash or "") == 16
     assert KEY not in repr(exchange)
 
@@ -305,13 +306,18 @@ async def test_silent_upstream_is_504_and_recorded(upstream: FakeUpstream, make_
 async def test_request_over_the_limit_is_413(upstream: FakeUpstream, make_proxy: Any) -> None:
     proxy = await make_proxy(max_request_bytes=1000)
     status, _, body = await _get(
-        proxy.base_url + "/chat/completions", method="POST", data=b"{" + b" " * 2000 + b"}"
+        proxy.base_url + "/chat/completions",
+        method="POST",
+        data=b"{" + b" " * 2000 + b"}",
+        headers={"X-Flightrec-Tag-Team": "search", "X-Flightrec-User": "alice"},
     )
     assert status == 413
     _assert_openai_error(body, "invalid_request_error")
     assert upstream.seen == []
     [exchange] = await proxy.recorder.wait_for(1)
     assert exchange.status == 413 and exchange.outcome == "proxy_error"
+    # Refused before its headers for the upstream were made: its control headers still count.
+    assert exchange.tags == {"team": "search"} and exchange.user == "alice"
 
 
 @pytest.mark.parametrize("piece_size", [None, 100])

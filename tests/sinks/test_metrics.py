@@ -325,3 +325,36 @@ async def test_a_named_key_is_labelled_by_its_name(
     samples = await scrape_until(named.console, "flightrec_records_written_total", 1)
     (labels,) = series(samples, "flightrec_requests_total")
     assert dict(labels)["key"] == "ci-bot"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0.0, 0.025, 0.0251, 0.3, 1.5, 29.9, 30.0, 31.0, float("inf"), -1.0, float("nan")],
+        [0.0, 0.125, 0.5, 1.5, 2.0, 3.0, 30.0, 31.0, -1.0],  # sums exact in binary
+    ],
+)
+def test_held_timings_reach_the_histogram_as_observe_puts_them(values: list[float]) -> None:
+    """A series holds its timings between samples; once flushed, the histogram says what
+    `observe` would have made of each value: the same buckets (a value on a bound in that
+    bound's, NaN in none, beyond the last bound in +Inf), the same count and sum."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from proxy.sinks.metrics import FIRST_BYTE_SECONDS
+    from proxy.sinks.timings import HeldTimings
+
+    made = []
+    for _ in range(2):
+        registry = CollectorRegistry(auto_describe=False)
+        histogram = Histogram("t", "t", ["a"], buckets=FIRST_BYTE_SECONDS, registry=registry)
+        made.append((registry, histogram.labels("x")))
+    (observed, child), (held, timing_child) = made
+    timing = HeldTimings(timing_child, FIRST_BYTE_SECONDS)
+    for _ in range(2):  # twice: a flush starts the next round from nothing
+        for value in values:
+            child.observe(value)
+            timing.observe(value)
+        assert generate_latest(held) != generate_latest(observed)
+        timing.flush()
+        timing.flush()  # nothing held: nothing added
+        assert generate_latest(held) == generate_latest(observed)
