@@ -17,15 +17,18 @@ class HeldTimings:
     adds to (prometheus_client's `_buckets` and `_sum`, also under `serve --workers`); a value
     lands in the bucket `observe` would put it in, the first bound not below it (NaN in none)."""
 
-    __slots__ = ("_bounds", "_child", "_counts", "_sum")
+    __slots__ = ("_bounds", "_child", "_counts", "_sum", "observe")
 
     def __init__(self, child: Histogram, bounds: tuple[float, ...]) -> None:
         self._child = child
         self._bounds = (*bounds, math.inf)
         self._counts = [0] * len(self._bounds)
         self._sum: float | None = None
+        held = hasattr(child, "_buckets") and hasattr(child, "_sum")
+        # A prometheus_client without those values observes each value as it comes.
+        self.observe = self._hold if held else child.observe
 
-    def observe(self, amount: float) -> None:
+    def _hold(self, amount: float) -> None:
         bounds = self._bounds
         at = bisect.bisect_left(bounds, amount)
         if at < len(bounds) and amount <= bounds[at]:

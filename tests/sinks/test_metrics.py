@@ -358,3 +358,23 @@ def test_held_timings_reach_the_histogram_as_observe_puts_them(values: list[floa
         timing.flush()
         timing.flush()  # nothing held: nothing added
         assert generate_latest(held) == generate_latest(observed)
+
+
+def test_held_timings_observe_at_once_where_the_histogram_holds_no_buckets() -> None:
+    """A prometheus_client whose histograms keep their values elsewhere still gets each value
+    (through `observe`), not a flush that would fail on the first sample."""
+    from proxy.sinks.metrics import FIRST_BYTE_SECONDS
+    from proxy.sinks.timings import HeldTimings
+
+    class OtherHistogram:
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def observe(self, amount: float) -> None:
+            self.seen.append(amount)
+
+    other = OtherHistogram()
+    timing = HeldTimings(other, FIRST_BYTE_SECONDS)  # type: ignore[arg-type]
+    timing.observe(0.3)
+    timing.flush()
+    assert other.seen == [0.3]
