@@ -102,8 +102,8 @@ MUTANTS = [
     Mutant(
         "no-identity-encoding-when-injecting",
         "proxy/relay/forward.py",
-        "headers=upstream_headers(request.headers, identity_encoding=injected),",
-        "headers=upstream_headers(request.headers, identity_encoding=False),",
+        "upstream_headers(request.headers, identity_encoding=body.injected, controls=controls)",
+        "upstream_headers(request.headers, identity_encoding=False, controls=controls)",
         "a compressed stream while injecting: the usage event cannot be withheld",
     ),
     Mutant(

@@ -23,7 +23,8 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 
 from proxy.store import tables as t
-from proxy.store.rows import Row, Rows, columns
+from proxy.store.records import columns
+from proxy.store.rows import Row, Rows
 
 _BATCH_UPSERT = """\
 INSERT INTO batches ({columns}) VALUES ({marks})

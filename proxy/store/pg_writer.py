@@ -18,8 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from proxy.store import facets, threads
 from proxy.store import tables as t
 from proxy.store.batch_sql import book_pg, link_pg
-from proxy.store.rows import (
-    Rows,
+from proxy.store.records import (
     columns,
     merged_fingerprints,
     not_stored,
@@ -27,6 +26,7 @@ from proxy.store.rows import (
     table_records,
     unique,
 )
+from proxy.store.rows import Rows
 
 STORED_IDS = "SELECT id FROM exchanges WHERE id = ANY($1::varchar[])"
 """One array parameter, not an IN list rendered anew with a placeholder per id each batch."""

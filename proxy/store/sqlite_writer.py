@@ -39,8 +39,7 @@ from proxy.store import tables as t
 from proxy.store.batch_sql import book_sqlite, link_sqlite
 from proxy.store.engine import create_private, describe, sqlite_pragmas
 from proxy.store.logprob_rows import Record
-from proxy.store.rows import (
-    Rows,
+from proxy.store.records import (
     columns,
     merged_fingerprints,
     not_stored,
@@ -48,6 +47,7 @@ from proxy.store.rows import (
     table_records,
     unique,
 )
+from proxy.store.rows import Rows
 from proxy.store.turns import Turns
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ import pytest
 
 from proxy.store import rows as r
 from proxy.store import tables as t
+from proxy.store.records import columns
 from proxy.text import dumps
 from proxy.usage import Usage
 from tests.dbs import chat_exchange
@@ -85,7 +86,7 @@ def test_a_usage_row_keeps_each_count_in_its_column_and_drops_one_past_the_range
         "cached_image_tokens": counts.cached_image,
         "completion_image_tokens": counts.output_image,
     }
-    assert list(row) == ["exchange_id", *r.columns(t.usage)[1:]]
+    assert list(row) == ["exchange_id", *columns(t.usage)[1:]]
     assert r.usage_row("x", {}, None) == {
         **dict.fromkeys(row, None),
         "exchange_id": "x",

@@ -20,7 +20,8 @@ import pytest
 
 from proxy.store import sqlite_writer, upgrade
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
-from proxy.store.rows import rows_for, table_records
+from proxy.store.records import table_records
+from proxy.store.rows import rows_for
 from proxy.store.sqlite_writer import SqliteWriter, sqlite_null
 from proxy.store.turns import Turns
 from proxy.store.writer import writer_for

@@ -24,7 +24,8 @@ from proxy.store.read import (
     parse_since,
     parse_tag,
 )
-from proxy.store.rows import columns, rows_for, table_records
+from proxy.store.records import columns, table_records
+from proxy.store.rows import rows_for
 from proxy.store.writer import writer_for
 from tests import dbs
 from tests.dbs import chat_exchange

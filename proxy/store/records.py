@@ -1,0 +1,108 @@
+"""A write batch's rows as the drivers take them: each exchange once, those not stored yet,
+tuples in each table's column order (the one place that order matters), fingerprint counts
+merged. Used by both writers (`sqlite_writer`, `pg_writer`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cache
+from itertools import chain
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import sqlalchemy as sa
+
+from proxy.store import tables as t
+from proxy.store.logprob_rows import Record
+from proxy.store.rows import Row, Rows
+
+
+def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
+    """The batch by exchange id, each id once (the first occurrence wins)."""
+    by_id: dict[str, Rows] = {}
+    for rows in batch:
+        by_id.setdefault(str(rows.exchange["id"]), rows)  # `Rows.id`, without the call
+    return by_id
+
+
+def not_stored(by_id: dict[str, Rows], stored: Iterable[str]) -> list[Rows]:
+    """The batch's exchanges whose ids are not among `stored`: what a writer inserts.
+
+    Each writer asks its database which of `by_id` it holds, in the batch's transaction, so a
+    batch replayed after an unknown commit outcome writes nothing twice."""
+    known = set(stored)
+    return [rows for exchange_id, rows in by_id.items() if exchange_id not in known]
+
+
+_CHILDREN = (
+    (t.tags, "tags"),
+    (t.completions, "completions"),
+    (t.choices, "choices"),
+    (t.usage, "usage"),
+    (t.raw_streams, "raw_streams"),
+)
+
+
+def table_records(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record]]]:
+    """(table, records) to insert for exchanges not stored yet, parents first, none empty;
+    each record a tuple of the table's columns in declared order."""
+    # map and chain: a batch's hundreds of rows gathered without a Python step each.
+    if fresh:
+        yield t.exchanges, records(t.exchanges, list(map(_EXCHANGE, fresh)))
+    for table, get in _CHILDREN_OF:
+        children = list(chain.from_iterable(map(get, fresh)))
+        if children:
+            yield table, records(table, children)
+    logprobs = list(chain.from_iterable(map(_LOGPROBS, fresh)))
+    if logprobs:
+        yield t.logprobs, logprobs
+
+
+_EXCHANGE = attrgetter("exchange")
+_CHILDREN_OF = tuple((table, attrgetter(attr)) for table, attr in _CHILDREN)
+_LOGPROBS = attrgetter("logprobs")
+
+
+def columns(table: sa.Table) -> list[str]:
+    """The table's column names in its declared order: the order of `records`' tuples."""
+    return _columns(table)[0]
+
+
+@cache
+def _columns(table: sa.Table) -> tuple[list[str], itemgetter[Any]]:
+    # Plain interned strings: SQLAlchemy's names are a str subclass, which a dict keyed by
+    # the rows' literal names looks up by comparing text instead of by identity.
+    names = [sys.intern(str(column.name)) for column in table.columns]
+    return names, itemgetter(*names)
+
+
+def records(table: sa.Table, rows: list[Row]) -> list[tuple[Any, ...]]:
+    """Rows as the drivers take them: tuples of the table's columns in declared order. A row
+    missing a column raises KeyError here rather than shifting its values."""
+    return list(map(record_getter(table), rows))
+
+
+def record_getter(table: sa.Table) -> Callable[[Row], tuple[Any, ...]]:
+    """What `records` makes of one row, for a writer that flattens rows as it goes."""
+    return _columns(table)[1]
+
+
+def merged_fingerprints(seen: list[Row]) -> list[Row]:
+    """One row per (upstream, model, fingerprint): counts summed, first and last seen kept.
+
+    Sorted by key: processes sharing a database lock fingerprint rows in the same order, so
+    concurrent batches wait for each other instead of deadlocking.
+    """
+    merged: dict[tuple[str, str, str], Row] = {}
+    for row in seen:
+        key = (row["upstream"], row["model"], row["system_fingerprint"])
+        if (known := merged.get(key)) is None:
+            merged[key] = dict(row)
+            continue
+        known["count"] += 1
+        if row["first_seen"] < known["first_seen"]:  # min() and max(), without the calls
+            known["first_seen"] = row["first_seen"]
+        if row["last_seen"] > known["last_seen"]:
+            known["last_seen"] = row["last_seen"]
+    return [merged[key] for key in sorted(merged)]
