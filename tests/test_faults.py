@@ -257,7 +257,7 @@ async def test_serve_starts_while_postgresql_is_down_and_writes_once_it_is_up(
                 await p.start()
                 unready = await p.readyz("/readyz/db")
                 relaxed = await p.readyz()
-                console_down = await _get(console)
+                console_down = await _get_once_listening(console)
                 calls = await drive(p.url, rate=20, seconds=1.5)
                 await asyncio.to_thread(relay.resume)
                 resumed_at = time.monotonic()
@@ -288,6 +288,19 @@ async def _get(url: str) -> tuple[int, str]:
         session.get(url) as response,
     ):
         return response.status, await response.text()
+
+
+async def _get_once_listening(url: str, seconds: float = 10.0) -> tuple[int, str]:
+    """`_get` once something listens at `url`: with `workers` > 1, `/healthz` may be answered
+    by a worker while worker 0, which alone serves the console, is still starting."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return await _get(url)
+        except aiohttp.ClientConnectorError:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.05)
 
 
 async def _readyz_until(
