@@ -77,10 +77,7 @@ class Deferred:
         self._timer = None
         pending, self._pending = self._pending, []
         for work, args in pending:
-            try:  # `_run`, written out: once per exchange
-                work(*args)
-            except Exception:  # one failure must not cost the records after it
-                log.exception("deferred work %s failed", getattr(work, "__qualname__", work))
+            _run(work, args)
 
 
 def _run(work: Callable[..., None], args: tuple[Any, ...]) -> None:
