@@ -100,13 +100,19 @@ def _tops(
 
 def _tell_apart(rows: list[dict[str, Any]]) -> None:
     """Two keys can share a label (the same hint, or one name for both): those rows also show
-    the start of their key's hash, as the link's filter does."""
-    seen: dict[str, int] = {}
+    the start of their key's hash, at least 8 digits and as many as it takes to differ."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        seen[row["label"]] = seen.get(row["label"], 0) + 1
-    for row in rows:
-        if seen[row["label"]] > 1:
-            row["label"] = f"{row['label']} #{row['group'][:8]}"
+        by_label.setdefault(row["label"], []).append(row)
+    for label, same in by_label.items():
+        if len(same) < 2:
+            continue
+        hashes = [row["group"] for row in same]
+        size = 8
+        while len({h[:size] for h in hashes}) < len(hashes) and size < max(map(len, hashes)):
+            size += 1
+        for row, key_hash in zip(same, hashes, strict=True):
+            row["label"] = f"{label} #{key_hash[:size]}"
 
 
 async def overview_view(request: web.Request) -> web.StreamResponse:

@@ -59,11 +59,13 @@ async def test_two_keys_with_one_label_are_told_apart_on_the_overview(
     first = dbs.chat_exchange(key_hash="a1" * 8, key_hint="sk-...aaaa")
     second = dbs.chat_exchange(key_hash="b2" * 8, key_hint="sk-...aaaa")
     other = dbs.chat_exchange(key_hash="c3" * 8, key_hint="sk-...cccc")
-    await write(url, [first, second, other])
+    near = dbs.chat_exchange(key_hash="a1" * 4 + "ff" * 4, key_hint="sk-...aaaa")  # 8 alike
+    await write(url, [first, second, other, near])
     client = await aiohttp_client(console_app(url, keys={"sk-...aaaa": "ci-bot"}))
     page = await (await client.get("/")).text()
     top = page[page.index('<table class="top-key">') :]
     top = html.unescape(top[: top.index("</table>")])
-    assert "ci-bot (sk-...aaaa) #a1a1a1a1" in top
-    assert "ci-bot (sk-...aaaa) #b2b2b2b2" in top
+    assert "ci-bot (sk-...aaaa) #a1a1a1a1a<" in top
+    assert "ci-bot (sk-...aaaa) #a1a1a1a1f<" in top
+    assert "ci-bot (sk-...aaaa) #b2b2b2b2b<" in top
     assert "sk-...cccc<" in top  # a label of its own stays as it was
