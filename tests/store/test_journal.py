@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from proxy.exchange import Exchange
 from proxy.store import upgrade
 from proxy.store.journal import Journal
-from proxy.store.lines import decode, encode
+from proxy.store.lines import SOURCE_FROM, decode, encode
 from proxy.store.recorder import PG_WRITE_COMMAND_TIMEOUT, STALLED_AFTER
 from proxy.usage import Usage
 from tests import dbs
@@ -260,10 +260,41 @@ def test_a_record_with_keys_or_numbers_orjson_refuses_is_journaled_all_the_same(
     slower encoders; the line decodes to the record as JSON would have it."""
     ex = chat_exchange()
     assert decode(encode(ex)).response_json == ex.response_json
+    ex.response_body = None  # JSON made by code has no text of its own
     ex.response_json = {1: "one", "two": [2]}
     assert decode(encode(ex)).response_json == {"1": "one", "two": [2]}
     ex.response_json = {1: "one", "big": 1 << 70}
     assert decode(encode(ex)).response_json == {"1": "one", "big": 1 << 70}
+
+
+def test_a_body_goes_into_the_line_as_the_text_it_was_parsed_from() -> None:
+    """The line holds a long body's own text (key order and spacing kept, as the database
+    keeps it), still one line when the body spans several, and decodes to the body's JSON."""
+    pad = b"x" * SOURCE_FROM
+    text = b'{"z": 1,\n  "a": [1.5, "\\n"],\r\n "w\xc3\xa9": {"k": null}, "p": "' + pad + b'"}\n'
+    ex = chat_exchange(response_json=orjson.loads(text), response_body=text)
+    line = encode(ex)
+    assert line.count(b"\n") == 1 and line.endswith(b"\n")
+    assert b'"response_json":{"z": 1,   "a": [1.5, "\\n"],\r  "w\xc3\xa9"' in line
+    assert decode(line).response_json == orjson.loads(text)
+    assert decode(line).request_json == ex.request_json
+    # With a value orjson refuses elsewhere in the record, the bodies are serialised again.
+    ex.usage = {"prompt_tokens": 1 << 70}
+    back = decode(encode(ex))
+    assert back.response_json == orjson.loads(text) and back.usage == ex.usage
+    # A short body is serialised: cheaper than looking at its text.
+    short = b'{"z": 1,  "a": 2}'
+    ex = chat_exchange(response_json=orjson.loads(short), response_body=short)
+    assert b'"response_json":{"z":1,"a":2}' in encode(ex)
+
+
+def test_bytes_that_cannot_be_the_text_of_the_json_are_not_taken_for_it() -> None:
+    """Bytes that are not UTF-8, or do not open and close as the JSON does, cannot be its
+    source: the JSON is serialised."""
+    pad = b"x" * SOURCE_FROM
+    for body in (b'{"a": "\xff' + pad + b'"}', b"not its text " + pad, b'"' + pad + b'"'):
+        ex = chat_exchange(response_json={"a": 1}, response_body=body)
+        assert decode(encode(ex)).response_json == {"a": 1}
 
 
 def test_a_journal_line_holds_every_field_of_the_exchange_in_its_order() -> None:
