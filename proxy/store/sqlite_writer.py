@@ -160,6 +160,11 @@ class SqliteWriter:
             )
             try:
                 sqlite_pragmas(con, busy_timeout_ms=0)
+                # Children are inserted only with their exchange, in its transaction: the
+                # check of each child row's key (a lookup in `exchanges`, a hundred for an
+                # exchange with logprobs) cannot fail here. Every other connection keeps it,
+                # and deletes cascade there (`store.prune`).
+                con.execute("PRAGMA foreign_keys = OFF")
                 con.execute("PRAGMA wal_autocheckpoint = 0")
                 con.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             except BaseException:

@@ -139,6 +139,30 @@ class Ticker:
         self._task.cancel()
 
 
+async def test_the_writer_skips_key_checks_its_batches_cannot_fail(db_path: Path) -> None:
+    """Children go in only with their exchange, so the writer's connection does not look each
+    child row's exchange up: what it writes passes `foreign_key_check`, and other connections
+    still check keys and cascade deletes."""
+    writer = SqliteWriter(str(db_path), 1000)
+    exchanges = [chat_exchange(logprobs=["a", "b"], tags={"team": "x"}) for _ in range(3)]
+    try:
+        assert await writer.write([rows_for(ex) for ex in exchanges]) == 3
+        assert writer._connection().execute("PRAGMA foreign_keys").fetchone()[0] == 0
+    finally:
+        await writer.close()
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as con:
+        assert con.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert con.execute("SELECT count(*) FROM logprobs").fetchone()[0] == 6
+        con.execute("PRAGMA foreign_keys = ON")
+        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+            con.execute("INSERT INTO tags VALUES ('no-such-exchange', 'k', 'v')")
+        con.execute("DELETE FROM exchanges WHERE id = ?", (exchanges[0].id,))
+        left = "SELECT count(*) FROM {} WHERE exchange_id = ?"
+        for table in ("logprobs", "tags", "choices", "usage"):
+            assert con.execute(left.format(table), (exchanges[0].id,)).fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM logprobs").fetchone()[0] == 4
+
+
 async def test_a_big_batch_gives_the_loop_turns_while_it_is_written(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
