@@ -265,7 +265,8 @@ async def test_two_proxies_on_postgresql_prune_one_at_a_time(
         holders.append(
             await watcher.fetchval(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND classid = $1 AND objid = $2",
+                " AND classid = $1 AND objid = $2 AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())",
                 PRUNE_LOCK >> 32,
                 PRUNE_LOCK & 0xFFFFFFFF,
             )
