@@ -2,7 +2,7 @@
 
     valgrind --tool=callgrind python -m bench.record_path DIR N [all|none|settle|rest]
     python -m bench.record_path DIR 0 prepare DB          # a database at schema head, once
-    valgrind --tool=callgrind python -m bench.record_path DIR N write DB [bench|dbs|stream]
+    valgrind --tool=callgrind python -m bench.record_path DIR N write DB [bench|dbs|stream|logprobs]
 
 It builds N chat exchanges (`tests.dbs.chat_exchange`) and runs what the record does with
 each after the relay: settling its figures (where DIR has `proxy.sinks.settle`), the journal
@@ -13,7 +13,8 @@ off, so the count does not depend on how many exchanges are held. A checkout wit
 
 `write` is the whole record path as the SQLite recorder runs it at c=8: the exchanges (the
 recorder bench's chat completion, `bench_record.exchange`, by default; `dbs` the tests' one;
-`stream` a streamed one with its playback copy) settled, then each batch of `BATCH` fresh
+`stream` a streamed one with its playback copy; `logprobs` the recorder bench's with 100 logprob
+tokens) settled, then each batch of `BATCH` fresh
 exchanges journaled (`lines.encode`), built (`rows_for`) and written by `SqliteWriter.write`
 into a copy of DB (made once by `prepare`, outside the count: the migrations are not the
 record path). `settled` does the same but stops after settling: count both at two N, and the
@@ -93,7 +94,8 @@ def _exchange(shape: str) -> Any:
         ex = importlib.import_module("tests.dbs").chat_exchange(usage=USAGE)
         ex.response_json["usage"] = USAGE
         return ex
-    ex = importlib.import_module("bench.bench_record").exchange(0)
+    logprob_tokens = 100 if shape == "logprobs" else 0
+    ex = importlib.import_module("bench.bench_record").exchange(logprob_tokens)
     if shape == "stream":
         ex.stream = True
         ex.response_body = None
