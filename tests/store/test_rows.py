@@ -44,7 +44,7 @@ def test_each_text_column_is_what_text_makes_of_its_field(field: str, value: Any
     ex.response_json.pop("model")  # no fallback for `response_model` from the response
     ex.status = 201  # not a Batch API answer: its rows read `path` as text
     setattr(ex, field, value)
-    row = r.rows_for(ex).exchange
+    row = r.exchange_fields(r.rows_for(ex).exchange)
     for name in TEXTS:
         expected = r._text(getattr(ex, name))
         if name in DEFAULTS:
@@ -60,7 +60,7 @@ def test_each_text_column_is_what_text_makes_of_its_field(field: str, value: Any
 def test_each_float_column_is_what_float_makes_of_its_field(field: str, value: Any) -> None:
     ex = chat_exchange()
     setattr(ex, field, value)
-    row = r.rows_for(ex).exchange
+    row = r.exchange_fields(r.rows_for(ex).exchange)
     assert row[field] == r._float(value)
     assert type(row[field]) is type(r._float(value))
 
@@ -112,8 +112,9 @@ def test_each_int_column_is_what_int_makes_of_its_field(
         expected = r._int(given, limit)
         if field != "status":
             expected = expected or default
-        assert r.rows_for(ex).exchange[field] == expected
-        assert type(r.rows_for(ex).exchange[field]) is type(expected)
+        row = r.exchange_fields(r.rows_for(ex).exchange)
+        assert row[field] == expected
+        assert type(row[field]) is type(expected)
 
 
 class Pair(tuple[int, float]):
