@@ -23,6 +23,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -173,26 +174,17 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     a row's hint is still the first one its exchanges name."""
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for rows in fresh:
-        ex = rows.exchange
+        record = rows.exchange
         tags = tuple([(tag["key"], tag["value"]) for tag in rows.tags]) if rows.tags else ()
-        hour = span_start(ex["started_at"], "hour")
-        shared = (
-            ex["upstream"],
-            ex["model"],
-            ex["response_model"],
-            ex["key_hash"],
-            ex["key_hint"],
-            ex["end_user"],
-            tags,
-            hour,
-        )
+        hour = span_start(record[_STARTED_AT], "hour")
+        shared = (*_SHARED(record), tags, hour)
         group = groups.get(shared)
         if group is None:
             sums = [0] * len(SUMS)
-            groups[shared] = group = [ex, tags, hour, sums]
+            groups[shared] = group = [_named(record), tags, hour, sums]
         else:
             sums = group[3]
-        _sum(sums, ex, rows.usage[0] if rows.usage else None)
+        _sum(sums, record, rows.usage[0] if rows.usage else None)
     into: dict[FacetKey, list[Any]] = {}
     for ex, tags, hour, sums in groups.values():
         starts = (("hour", hour), ("day", hour.replace(hour=0)))
@@ -200,21 +192,22 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     return [into[key] for key in sorted(into)]
 
 
-def _sum(sums: list[int], exchange: Mapping[str, Any], usage: Mapping[str, Any] | None) -> None:
-    """Add `vector(exchange, usage)` to `sums`, touching only what it may make non-zero."""
+def _sum(sums: list[int], record: tuple[Any, ...], usage: Mapping[str, Any] | None) -> None:
+    """Add `vector` of a writer's record (`rows.Rows.exchange`) and its usage to `sums`,
+    touching only what it may make non-zero."""
     sums[0] += 1
-    if exchange["outcome"] != "ok":
+    if record[_OUTCOME] != "ok":
         sums[1] += 1
     if usage is not None:
         for at, name in enumerate(TOKENS, start=2):
             sums[at] += int(usage.get(name) or 0)
-    cost = exchange["cost_usd"]
+    cost = record[_COST_USD]
     if cost is not None:
         sums[6] += cost_nano(cost)
         sums[7] += 1
-    elif is_unpriced(exchange, usage is not None):
+    elif is_unpriced(_named(record), usage is not None):
         sums[8] += 1
-    duration, ttft = _bucket(exchange["duration_ms"]), _bucket(exchange["ttft_ms"])
+    duration, ttft = _bucket(record[_DURATION_MS]), _bucket(record[_TTFT_MS])
     if duration is not None:
         sums[_DURATION + duration] += 1
     if ttft is not None:
@@ -273,6 +266,20 @@ _ROW = (
     *("started_at", "upstream", "model", "response_model", "key_hash", "key_hint", "end_user"),
     *("outcome", "status", "path", "usage_source", "cost_usd", "duration_ms", "ttft_ms"),
 )
+"""What `add` reads of an exchange: of a stored one (`exchanges_query`), or of a writer's
+record (`rows.Rows.exchange`, read by index)."""
+_FIELDS = itemgetter(*(t.EXCHANGE_AT[name] for name in _ROW))
+_SHARED = itemgetter(
+    *(t.EXCHANGE_AT[name] for name in _ROW[1:7])  # upstream, models, key, user
+)
+_STARTED_AT, _OUTCOME, _COST_USD, _DURATION_MS, _TTFT_MS = (
+    t.EXCHANGE_AT[name] for name in ("started_at", "outcome", "cost_usd", "duration_ms", "ttft_ms")
+)
+
+
+def _named(record: tuple[Any, ...]) -> dict[str, Any]:
+    """What `add` reads of a writer's record, by name."""
+    return dict(zip(_ROW, _FIELDS(record), strict=True))
 
 
 def exchanges_query() -> sa.Select[Any]:

@@ -22,7 +22,7 @@ def unique(batch: Sequence[Rows]) -> dict[str, Rows]:
     """The batch by exchange id, each id once (the first occurrence wins)."""
     by_id: dict[str, Rows] = {}
     for rows in batch:
-        by_id.setdefault(str(rows.exchange["id"]), rows)  # `Rows.id`, without the call
+        by_id.setdefault(str(rows.exchange[0]), rows)  # `Rows.id`, without the call
     return by_id
 
 
@@ -49,7 +49,7 @@ def table_records(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record
     each record a tuple of the table's columns in declared order."""
     # map and chain: a batch's hundreds of rows gathered without a Python step each.
     if fresh:
-        yield t.exchanges, records(t.exchanges, list(map(_EXCHANGE, fresh)))
+        yield t.exchanges, list(map(_EXCHANGE, fresh))  # built as records (`rows_for`)
     for table, get in _CHILDREN_OF:
         children = list(chain.from_iterable(map(get, fresh)))
         if children:

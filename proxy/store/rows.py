@@ -1,11 +1,14 @@
-"""Exchanges into rows: pure, no I/O. Each row is a dict keyed by its table's column names.
+"""Exchanges into rows: pure, no I/O. A child table's row is a dict keyed by its column names;
+the exchange's own row is built straight as the drivers' tuple (`Record`, in `tables.exchanges`
+order, read by index through `tables.EXCHANGE_AT`): its forty columns as a dict cost more
+to build and to turn into that tuple than the rest of the row building (docs/performance.md).
 
 `rows_for` builds every row of one exchange (the exchange, tags, completion, choices, usage,
 logprobs, raw stream, fingerprint count) from the exchange's settled figures: its decoded
 usage, cost and price entry (`proxy.sinks.settle`). Row building tolerates any JSON shape: a
 vendor's odd response loses its projection rows, never its record. The writers
-(`sqlite_writer`, `pg_writer`) take rows by name; `store.records` turns a batch of them into
-the drivers' tuples in the table's column order, the one place that order matters.
+(`sqlite_writer`, `pg_writer`) take child rows by name; `store.records` turns a batch of them
+into the drivers' tuples in the table's column order.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from operator import attrgetter
 from typing import Any
 
 from proxy.exchange import Exchange
+from proxy.store import tables as t
 from proxy.store.batch_rows import BatchRows, batch_rows, booking_row
 from proxy.store.bodies import Bodies, stored_bodies
 from proxy.store.completion_logprobs import completion_tokens
@@ -34,7 +38,9 @@ _INT64 = 2**63
 class Rows:
     """One exchange's rows, by table."""
 
-    exchange: Row
+    exchange: Record
+    """The `exchanges` row as the drivers take it: `tables.exchanges`' columns in order, times
+    as aware datetimes (`exchange_fields` names them)."""
     tags: list[Row] = field(default_factory=list)
     completions: list[Row] = field(default_factory=list)
     choices: list[Row] = field(default_factory=list)
@@ -52,7 +58,7 @@ class Rows:
 
     @property
     def id(self) -> str:
-        return str(self.exchange["id"])
+        return str(self.exchange[0])
 
 
 def _int(value: Any, limit: int = _INT32) -> int | None:
@@ -155,16 +161,28 @@ def _rows(ex: Exchange) -> Rows:
             pacing_json = dumps([list(p) for p in pacing])
         rows.raw_streams.append({"exchange_id": exchange_id, "gz": gz, "pacing": pacing_json})
     row = rows.exchange
-    if row["system_fingerprint"] is not None:
+    if row[_FINGERPRINT] is not None:
         rows.fingerprint = {
-            "upstream": row["upstream"],
-            "model": row["response_model"] or row["model"] or "",
-            "system_fingerprint": row["system_fingerprint"],
-            "first_seen": row["started_at"],
-            "last_seen": row["started_at"],
+            "upstream": row[_UPSTREAM],
+            "model": row[_RESPONSE_MODEL] or row[_MODEL] or "",
+            "system_fingerprint": row[_FINGERPRINT],
+            "first_seen": row[_STARTED_AT],
+            "last_seen": row[_STARTED_AT],
             "count": 1,
         }
     return rows
+
+
+_UPSTREAM, _MODEL, _RESPONSE_MODEL, _FINGERPRINT, _STARTED_AT = (
+    t.EXCHANGE_AT[name]
+    for name in ("upstream", "model", "response_model", "system_fingerprint", "started_at")
+)
+_COLUMNS = tuple(t.EXCHANGE_AT)
+
+
+def exchange_fields(record: Record) -> Row:
+    """An `exchanges` record (`Rows.exchange`) by column name."""
+    return dict(zip(_COLUMNS, record, strict=True))
 
 
 _EXCHANGE_TEXTS = attrgetter(
@@ -176,7 +194,9 @@ _EXCHANGE_TEXTS = attrgetter(
 _EXCHANGE_FLOATS = attrgetter("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
 
 
-def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row:
+def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Record:
+    """The `exchanges` record, in `tables.exchanges`' column order (each value's column is
+    named beside it; tests/store checks the order)."""
     texts = _texts(_EXCHANGE_TEXTS(ex))
     method, path, query, upstream, upstream_url, model, response_model = texts[:7]
     outcome, error, content_type, upstream_request_id, key_hash, key_hint = texts[7:13]
@@ -194,48 +214,48 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Row
         response_bytes = _int(response_bytes, _INT64)
     if chunks.__class__ is not int or not -_INT32 <= chunks < _INT32:
         chunks = _int(chunks)
-    return {
-        "id": ex.id,
-        "started_at": datetime.fromtimestamp(ex.started_at, UTC),
-        "method": method or "",
-        "path": path or "",
-        "query": query or "",
-        "upstream": upstream or "",
-        "upstream_url": upstream_url or "",
-        "status": status,
-        "stream": bool(ex.stream),
-        "model": model,
-        "response_model": response_model or _text(response.get("model")),
-        "outcome": outcome or "ok",
-        "error": error,
-        "request": _body_json(bodies.request, ex.request_body),
-        "request_body": bodies.request_body,
-        "request_omitted": ex.omit_request,
-        "response": _body_json(bodies.response, ex.response_body),
-        "response_body": bodies.response_body,
-        "response_omitted": ex.omit_response,
-        "response_bytes": response_bytes or 0,
-        "content_type": content_type,
-        "ttfb_ms": ttfb_ms,
-        "ttft_ms": ttft_ms,
-        "duration_ms": duration_ms,
-        "chunks": chunks or 0,
-        "upstream_request_id": upstream_request_id,
-        "key_hash": key_hash,
-        "key_hint": key_hint,
-        "end_user": user,
-        "replay_of": replay_of,
-        "usage_source": usage_source,
-        "system_fingerprint": system_fingerprint or _text(response.get("system_fingerprint")),
-        "parse_errors": dumps(list(ex.parse_errors)) if ex.parse_errors else None,
-        "cost_usd": cost_usd,
-        "price_entry": price_entry,
-        "redacted": None if ex.redacted is None else dumps(ex.redacted),
-        "session": session,
-        "turn_key": turn_key,
-        "parent_key": parent_key,
-        "service_tier": service_tier,
-    }
+    return (
+        ex.id,  # id
+        datetime.fromtimestamp(ex.started_at, UTC),  # started_at
+        method or "",  # method
+        path or "",  # path
+        query or "",  # query
+        upstream or "",  # upstream
+        upstream_url or "",  # upstream_url
+        status,  # status
+        bool(ex.stream),  # stream
+        model,  # model
+        response_model or _text(response.get("model")),  # response_model
+        outcome or "ok",  # outcome
+        error,  # error
+        _body_json(bodies.request, ex.request_body),  # request
+        bodies.request_body,  # request_body
+        ex.omit_request,  # request_omitted
+        _body_json(bodies.response, ex.response_body),  # response
+        bodies.response_body,  # response_body
+        ex.omit_response,  # response_omitted
+        response_bytes or 0,  # response_bytes
+        content_type,  # content_type
+        ttfb_ms,  # ttfb_ms
+        ttft_ms,  # ttft_ms
+        duration_ms,  # duration_ms
+        chunks or 0,  # chunks
+        upstream_request_id,  # upstream_request_id
+        key_hash,  # key_hash
+        key_hint,  # key_hint
+        user,  # end_user
+        replay_of,  # replay_of
+        usage_source,  # usage_source
+        system_fingerprint or _text(response.get("system_fingerprint")),  # system_fingerprint
+        dumps(list(ex.parse_errors)) if ex.parse_errors else None,  # parse_errors
+        cost_usd,  # cost_usd
+        price_entry,  # price_entry
+        None if ex.redacted is None else dumps(ex.redacted),  # redacted
+        session,  # session
+        turn_key,  # turn_key
+        parent_key,  # parent_key
+        service_tier,  # service_tier
+    )
 
 
 def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Row:

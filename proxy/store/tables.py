@@ -113,6 +113,10 @@ exchanges = sa.Table(
     sa.Index(None, "status", "started_at", **_where("status >= 400")),
     sa.Index(None, "turn_key", **_where_set("turn_key")),
 )
+EXCHANGE_AT = {str(column.name): at for at, column in enumerate(exchanges.columns)}
+"""Where each column sits in an `exchanges` record: the recorder builds an exchange's row as
+the drivers' tuple in the table's order (`store.rows`), and the writer's modules read it by
+index."""
 
 tags = sa.Table(
     "tags",

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-Row = dict[str, Any]
+from proxy.store.tables import EXCHANGE_AT
 
 
 def _text(value: Any) -> Any:
@@ -99,9 +99,9 @@ def wanted(fresh: Iterable[Any]) -> list[str]:
     """The parent keys the batch's exchanges without a session look for."""
     return sorted(
         {
-            rows.exchange["parent_key"]
+            rows.exchange[_PARENT_KEY]
             for rows in fresh
-            if rows.exchange["parent_key"] and not rows.exchange["session"]
+            if rows.exchange[_PARENT_KEY] and not rows.exchange[_SESSION]
         }
     )
 
@@ -110,11 +110,17 @@ def link(fresh: list[Any], stored: Mapping[str, tuple[str, str | None]]) -> None
     """Give each exchange of the batch (oldest first) its parent's session; `stored` maps
     turn keys already in the database to (id, session) of their newest exchange."""
     known = dict(stored)
-    for rows in sorted(fresh, key=lambda r: r.exchange["started_at"]):
-        row: Row = rows.exchange
-        parent = row["parent_key"]
-        if not row["session"] and parent and parent in known:
+    for rows in sorted(fresh, key=lambda r: r.exchange[_STARTED_AT]):
+        row = rows.exchange
+        parent = row[_PARENT_KEY]
+        if not row[_SESSION] and parent and parent in known:
             parent_id, parent_session = known[parent]
-            row["session"] = parent_session or parent_id
-        if row["turn_key"]:
-            known[row["turn_key"]] = (row["id"], row["session"])
+            session = parent_session or parent_id
+            row = rows.exchange = (*row[:_SESSION], session, *row[_SESSION + 1 :])
+        if row[_TURN_KEY]:
+            known[row[_TURN_KEY]] = (row[_ID], row[_SESSION])
+
+
+_ID, _STARTED_AT, _SESSION, _TURN_KEY, _PARENT_KEY = (
+    EXCHANGE_AT[name] for name in ("id", "started_at", "session", "turn_key", "parent_key")
+)

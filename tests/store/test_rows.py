@@ -11,6 +11,7 @@ import pytest
 from proxy.store import rows as r
 from proxy.store import tables as t
 from proxy.store.records import columns
+from proxy.store.threads import keys
 from proxy.text import dumps
 from proxy.usage import Usage
 from tests.dbs import chat_exchange
@@ -44,7 +45,7 @@ def test_each_text_column_is_what_text_makes_of_its_field(field: str, value: Any
     ex.response_json.pop("model")  # no fallback for `response_model` from the response
     ex.status = 201  # not a Batch API answer: its rows read `path` as text
     setattr(ex, field, value)
-    row = r.rows_for(ex).exchange
+    row = r.exchange_fields(r.rows_for(ex).exchange)
     for name in TEXTS:
         expected = r._text(getattr(ex, name))
         if name in DEFAULTS:
@@ -60,7 +61,7 @@ def test_each_text_column_is_what_text_makes_of_its_field(field: str, value: Any
 def test_each_float_column_is_what_float_makes_of_its_field(field: str, value: Any) -> None:
     ex = chat_exchange()
     setattr(ex, field, value)
-    row = r.rows_for(ex).exchange
+    row = r.exchange_fields(r.rows_for(ex).exchange)
     assert row[field] == r._float(value)
     assert type(row[field]) is type(r._float(value))
 
@@ -112,8 +113,9 @@ def test_each_int_column_is_what_int_makes_of_its_field(
         expected = r._int(given, limit)
         if field != "status":
             expected = expected or default
-        assert r.rows_for(ex).exchange[field] == expected
-        assert type(r.rows_for(ex).exchange[field]) is type(expected)
+        row = r.exchange_fields(r.rows_for(ex).exchange)
+        assert row[field] == expected
+        assert type(row[field]) is type(expected)
 
 
 class Pair(tuple[int, float]):
@@ -135,3 +137,31 @@ def test_a_streams_pacing_is_stored_as_json_lists_of_pairs(pacing: list[Any]) ->
     ex.raw_stream_gz, ex.raw_pacing = b"gz", pacing
     stored = r.rows_for(ex).raw_streams[0]["pacing"]
     assert stored == dumps([list(p) for p in pacing])
+
+
+def test_the_exchange_record_holds_each_value_in_its_own_column() -> None:
+    """Every column of the record (built as a tuple, not by name) holds its own field: each
+    field set to a value no other column holds."""
+    ex = chat_exchange()
+    ex.status, ex.stream, ex.omit_request = 201, True, True  # not a Batch API answer
+    for at, name in enumerate(TEXTS):
+        setattr(ex, name, f"text-{at}")
+    for at, name in enumerate(FLOATS):
+        setattr(ex, name, at + 0.5)
+    ex.response_bytes, ex.chunks = 2**40, 7
+    ex.parse_errors, ex.redacted = ["bad"], {"n": 1}
+    ex.request_json["messages"].append({"role": "assistant", "content": "hi"})  # a parent key
+    row = r.exchange_fields(r.rows_for(ex).exchange)
+    expected = {COLUMN.get(name, name): f"text-{at}" for at, name in enumerate(TEXTS)}
+    expected |= {name: at + 0.5 for at, name in enumerate(FLOATS)}
+    expected |= {"id": ex.id, "status": 201, "stream": True, "response_bytes": 2**40}
+    expected |= {"chunks": 7, "parse_errors": '["bad"]', "redacted": '{"n":1}'}
+    expected |= {"request": None, "request_body": None, "request_omitted": True}
+    expected |= {"response": ex.response_body.decode(), "response_body": None}
+    expected |= {"response_omitted": False}
+    turn, parent = keys(ex.request_json, ex.response_json)
+    assert turn and parent and turn != parent
+    expected |= {"turn_key": turn, "parent_key": parent}
+    assert {name: row[name] for name in expected} == expected
+    assert row["started_at"].timestamp() == pytest.approx(ex.started_at, abs=1e-6)
+    assert set(row) - set(expected) == {"started_at"}

@@ -25,7 +25,7 @@ from proxy.store.read import (
     parse_tag,
 )
 from proxy.store.records import columns, table_records
-from proxy.store.rows import rows_for
+from proxy.store.rows import exchange_fields, rows_for
 from proxy.store.writer import writer_for
 from tests import dbs
 from tests.dbs import chat_exchange
@@ -268,7 +268,9 @@ def test_every_record_holds_exactly_its_tables_columns() -> None:
     ex.raw_stream_gz, ex.raw_pacing = gzip.compress(b"data: [DONE]\n\n"), [(0, 1.0)]
     rows = rows_for(ex)
     for table in (t.exchanges, t.tags, t.completions, t.choices, t.usage, t.raw_streams):
-        found = [rows.exchange] if table is t.exchanges else getattr(rows, table.name)
+        found = (
+            [exchange_fields(rows.exchange)] if table is t.exchanges else getattr(rows, table.name)
+        )
         assert [list(row) for row in found] == [columns(table)], table.name
     built = dict(table_records([rows]))
     assert len(built) == 7  # the exchange and every child table
