@@ -152,11 +152,14 @@ def test_the_exchange_record_holds_each_value_in_its_own_column() -> None:
     ex.parse_errors, ex.redacted = ["bad"], {"n": 1}
     ex.request_json["messages"].append({"role": "assistant", "content": "hi"})  # a parent key
     row = r.exchange_fields(r.rows_for(ex).exchange)
-    expected = {COLUMN.get(name, name): f"text-{at}" for at, name in enumerate(TEXTS)}
+    expected: dict[str, Any] = {
+        COLUMN.get(name, name): f"text-{at}" for at, name in enumerate(TEXTS)
+    }
     expected |= {name: at + 0.5 for at, name in enumerate(FLOATS)}
     expected |= {"id": ex.id, "status": 201, "stream": True, "response_bytes": 2**40}
     expected |= {"chunks": 7, "parse_errors": '["bad"]', "redacted": '{"n":1}'}
     expected |= {"request": None, "request_body": None, "request_omitted": True}
+    assert ex.response_body is not None
     expected |= {"response": ex.response_body.decode(), "response_body": None}
     expected |= {"response_omitted": False}
     turn, parent = keys(ex.request_json, ex.response_json)
