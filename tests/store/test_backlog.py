@@ -21,16 +21,22 @@ def opened(tmp_path: Path, queue_size: int, max_bytes: int = 1 << 20) -> Backlog
     return backlog
 
 
+def journaled(backlog: Backlog, count: int) -> list[Exchange]:
+    """`count` records added and journaled in one write, as at the end of a turn of the loop."""
+    sent = [chat_exchange() for _ in range(count)]
+    for ex in sent:
+        backlog.add(ex)
+    backlog.flush()
+    return sent
+
+
 def ids(exchanges: list[Exchange]) -> list[str]:
     return [ex.id for ex in exchanges]
 
 
 async def test_the_batch_after_an_uncommitted_one_comes_from_memory(tmp_path: Path) -> None:
     backlog = opened(tmp_path, queue_size=100)
-    sent = [chat_exchange() for _ in range(25)]
-    for ex in sent:
-        backlog.add(ex)
-    backlog.flush()
+    sent = journaled(backlog, 25)
     first = await backlog.next_batch(10, 0.0)
     assert first is not None and first[1] is not None
     second = await backlog.next_batch(10, 0.0, after=first[1])
@@ -47,10 +53,7 @@ async def test_the_batch_after_an_uncommitted_one_comes_from_memory(tmp_path: Pa
 
 async def test_past_the_memory_the_batch_after_is_read_from_the_file(tmp_path: Path) -> None:
     backlog = opened(tmp_path, queue_size=5)
-    sent = [chat_exchange() for _ in range(25)]
-    for ex in sent:
-        backlog.add(ex)
-    backlog.flush()
+    sent = journaled(backlog, 25)
     assert len(backlog) == 5  # the other 20 are in the journal only
     taken: list[Exchange] = []
     after = None
@@ -81,11 +84,13 @@ async def test_the_batch_after_one_ending_a_sealed_segment_starts_the_next(tmp_p
         batches.append(batch)
         after = batch[1]
     assert [ex.id for batch in batches for ex in batch[0]] == ids(sent)
-    assert len(batches) == backlog.journal.live  # one a segment, read one after the other
+    holding = backlog.journal.live - (backlog.journal.size == 0)  # the live one may be empty
+    assert len(batches) == holding  # one a segment, read one after the other
     assert backlog.journal.done == (1, 0)
     assert len(list(tmp_path.glob("records.spool.seg*"))) == backlog.journal.live - 1  # noqa: ASYNC240
     for batch in batches:
         backlog.commit(batch)
+    assert await backlog.next_batch(len(sent), 0.0) is None  # a segment read to its end: done
     assert not list(tmp_path.glob("records.spool.seg*"))  # noqa: ASYNC240 - deleted once committed
 
 
@@ -93,10 +98,7 @@ async def test_lines_that_are_not_records_after_an_uncommitted_batch_wait_their_
     tmp_path: Path,
 ) -> None:
     backlog = opened(tmp_path, queue_size=0)
-    sent = [chat_exchange() for _ in range(3)]
-    for ex in sent:
-        backlog.add(ex)
-    backlog.flush()
+    sent = journaled(backlog, 3)
     assert backlog.journal.append([b"not a record\n"]) is not None
     first = await backlog.next_batch(3, 0.0)
     assert first is not None and ids(first[0]) == ids(sent)
