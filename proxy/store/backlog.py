@@ -9,7 +9,9 @@ counted by `Losses`.
 
 `next_batch()` hands the writer up to `batch_size` records and the journal position they end
 at: from memory while the copies are there, else read back from the file (after the memory
-overflowed, or after a restart).
+overflowed, or after a restart). The writer takes the next batch while the one before is still
+being written (`after`: where that one ends), so nothing here commits past what it was told is
+in the database: the writer commits each batch, in order, once it is.
 """
 
 from __future__ import annotations
@@ -129,42 +131,49 @@ class Backlog:
         """Whether nothing is left to write: none in memory, the journal all committed."""
         return not self._loose and not self._fresh and self.journal.done >= self.journal.end
 
-    async def next_batch(self, size: int, wait: float) -> Batch | None:
+    async def next_batch(
+        self, size: int, wait: float, after: Position | None = None
+    ) -> Batch | None:
         """The next batch: records the journal refused first, then the journal in order.
-        Waits `wait` seconds first when less than a batch is in memory, to let it fill."""
+        Waits `wait` seconds first when less than a batch is in memory, to let it fill.
+
+        `after`: where a batch taken before and not committed yet ends; the journal is read
+        from there instead of from what is committed. Lines there that are not records are then
+        handed back as a batch without records, for the writer to commit in its turn."""
         if wait and 0 < len(self) < size:
             await asyncio.sleep(wait)
         if self._loose:
             return [self._loose.popleft() for _ in range(min(size, len(self._loose)))], None
         journal = self.journal
-        done = journal.done
-        if journal.limit(done) == done[1] and (following := journal.next_segment(done)):
-            self._commit(following, 0)  # a sealed segment read to its end: delete it
-            done = following
-        while self._fresh and self._fresh[0][1] <= done:
+        at = journal.done if after is None else after
+        if journal.limit(at) == at[1] and (following := journal.next_segment(at)):
+            if after is None:
+                self._commit(following, 0)  # a sealed segment read to its end: delete it
+            at = following
+        while self._fresh and self._fresh[0][1] <= at:
             self._fresh.popleft()  # read from the file meanwhile
-        if self._fresh and self._fresh[0][0] == done:
+        if self._fresh and self._fresh[0][0] == at:
             batch: list[Exchange] = []
-            end = done
+            end = at
             while self._fresh and len(batch) < size and self._fresh[0][0] == end:
                 _, end, ex = self._fresh.popleft()
                 batch.append(ex)
             return batch, end
-        return await self._read(done, size)
+        return await self._read(at, size, ahead=after is not None)
 
-    async def _read(self, done: Position, size: int) -> Batch | None:
+    async def _read(self, at: Position, size: int, *, ahead: bool) -> Batch | None:
         """The next batch from the journal file, up to the first record still in memory."""
-        limit = self.journal.limit(done)
-        if self._fresh and self._fresh[0][0][0] == done[0]:
+        limit = self.journal.limit(at)
+        if self._fresh and self._fresh[0][0][0] == at[0]:
             limit = self._fresh[0][0][1] if limit is None else min(limit, self._fresh[0][0][1])
-        if limit is None or limit <= done[1]:
+        if limit is None or limit <= at[1]:
             return None
-        f = self.journal.open_segment(done[0])
+        f = self.journal.open_segment(at[0])
         # Reading and decoding a batch of big records takes a while: off the event loop.
-        found, stop = await asyncio.to_thread(self.journal.read, f, done, limit, size)
+        found, stop = await asyncio.to_thread(self.journal.read, f, at, limit, size)
         batch = [ex for ex, _ in found]
-        end = (done[0], stop)
-        if not batch:
+        end = (at[0], stop)
+        if not batch and not ahead:
             self._commit(end, 0)  # only lines that were not records
             return None
         return batch, end

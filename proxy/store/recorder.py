@@ -8,8 +8,11 @@ expired shutdown grace loses nothing journaled.
 One writer task works through the backlog in order. It takes up to `batch_size` records,
 waiting once for `batch_interval` while a batch fills, builds their rows (`store.rows`),
 writes them in one transaction (`store.writer`), then marks the journal committed up to them.
-A batch that fails for an outage is kept and tried again with exponential backoff. Writes are
-idempotent by exchange id, so what is written twice is stored once.
+While the database works on a batch, the writer takes the next one and builds its rows
+(`store.lookahead`), so the process's work and the database's overlap instead of adding up.
+A batch that fails for an outage is kept, with the one taken after it, and both are tried again
+in order with exponential backoff. Writes are idempotent by exchange id, so what is written
+twice is stored once.
 
 When the journal refuses a record (full, disk full, not writable) the record is kept in memory
 only, up to `queue_size`, and still written to the database; what does not fit is lost. Both
@@ -37,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.store import check_writable
-from proxy.store.backlog import Backlog, Batch
+from proxy.store.backlog import Backlog
 from proxy.store.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     StoreError,
@@ -47,11 +50,11 @@ from proxy.store.engine import (
 )
 from proxy.store.journal import Journal
 from proxy.store.lines import encode
+from proxy.store.lookahead import Batches
 from proxy.store.losses import Losses
 from proxy.store.migrate import prepare
 from proxy.store.refused import refuses_record
-from proxy.store.rows import Rows, rows_for
-from proxy.store.turns import Turns
+from proxy.store.rows import Rows
 from proxy.store.writer import Writer, writer_for
 
 log = logging.getLogger(__name__)
@@ -96,8 +99,7 @@ class DatabaseRecorder:
         self.journal = Journal(config.spool_path, config.journal_max_bytes)
         self.losses = Losses(self.journal)
         self.backlog = Backlog(self.journal, self.losses, config.queue_size)
-        self._held: Batch | None = None
-        """The batch being written, kept until it is committed."""
+        self._batches = Batches(self.backlog, config.batch_size)
         self._task: asyncio.Task[None] | None = None
         self._prepared = unprepared is None
         self._healthy = unprepared is None
@@ -202,9 +204,7 @@ class DatabaseRecorder:
         self._closed = True
         self.backlog.flush()
         self.losses.report(force=True)
-        loose = self.backlog.only_in_memory()
-        if self._held is not None and self._held[1] is None:
-            loose += self._held[0]
+        loose = self.backlog.only_in_memory() + self._batches.only_in_memory()
         self.journal.close()
         self._keep_after_close(loose)
         if self._writer is not None:
@@ -234,14 +234,10 @@ class DatabaseRecorder:
                 continue
             try:
                 wait = 0.0 if self._closing else self._config.batch_interval
-                batch = self._held or await self.backlog.next_batch(self._config.batch_size, wait)
-                if batch is None:
+                if not await self._batches.take(wait):
                     await self._idle()
                     continue
-                self._held = batch
-                if await self._deliver(batch[0]):
-                    self._held = None
-                    self.backlog.commit(batch)
+                await self._step()
             except Exception:  # a bug must not stop the writer: keep the batch, go on
                 log.exception("record writer failed; keeping the batch")
                 self._failed("the writer failed")
@@ -251,7 +247,7 @@ class DatabaseRecorder:
             return False
         if not self._healthy and not self._last_try:
             return True  # the database is down: what is journaled waits for the next start
-        return self._held is None and self.backlog.done()
+        return self._batches.done()
 
     async def _idle(self) -> None:
         self.backlog.arrived.clear()
@@ -272,14 +268,26 @@ class DatabaseRecorder:
             self._prepared = True
             self._recovered()
 
-    async def _deliver(self, batch: list[Exchange]) -> bool:
+    async def _step(self) -> None:
+        """Write the held batch while the next is taken and built; once it is in the database,
+        commit the journal up to it and hold the next."""
+        batches = self._batches
+        async with asyncio.TaskGroup() as tasks:
+            batches.look_ahead(tasks, self._closing)
+            rows = batches.held_rows()
+            if rows and not await self._deliver(rows):
+                return  # kept, and the batch after it: both are written after the backoff
+            batches.commit_held()
+        batches.move_on()
+
+    async def _deliver(self, rows: list[tuple[Exchange, Rows]]) -> bool:
         """Write a batch; False when the database is unavailable (the batch is kept)."""
         loop = asyncio.get_running_loop()
         self._writing_since = loop.time()
         stall = loop.call_later(STALLED_AFTER, self._stalled)
         try:
             async with asyncio.timeout(WRITE_TIMEOUT):
-                await self._write(batch)
+                await self._write(rows)
         except _Outage as exc:
             self._failed(str(exc))
             return False
@@ -298,22 +306,8 @@ class DatabaseRecorder:
             self._stall_said = True
             log.warning("database stalled: a write has waited %.0fs", STALLED_AFTER)
 
-    async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
-        """Rows for a batch, built on the event loop's thread between turns given to the relay:
-        a worker thread would fight the loop for the GIL (docs/performance.md)."""
-        turns = Turns()
-        rows: list[tuple[Exchange, Rows]] = []
-        for ex in batch:
-            try:
-                rows.append((ex, rows_for(ex)))
-            except Exception as exc:
-                self.journal.set_aside(ex, f"cannot build rows: {exc!r}")
-            await turns.give()
-        return rows
-
-    async def _write(self, batch: list[Exchange]) -> None:
+    async def _write(self, rows: list[tuple[Exchange, Rows]]) -> None:
         """Write a batch in one transaction; raises `_Outage` when the database is unavailable."""
-        rows = await self._build(batch)
         try:
             await self._transaction([r for _, r in rows])
         except Exception as exc:

@@ -102,7 +102,7 @@ async def test_an_expired_grace_loses_nothing_journaled(sqlite_db: str, tmp_path
         recorder = await started(cfg, busy_timeout_ms=10_000)
         for ex in sent:
             recorder.accept(ex)
-        await wait_until(lambda: recorder._held is not None)
+        await wait_until(lambda: recorder._batches.held is not None)
         began = time.monotonic()
         await recorder.stop()
         assert time.monotonic() - began < 2.0

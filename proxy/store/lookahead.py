@@ -1,0 +1,120 @@
+"""The database writer's batches: the one being written, and the next, taken meanwhile.
+
+The writer (`store.recorder`) builds a batch's rows on the event loop's thread, then waits while
+the database works on them: the server's work for PostgreSQL, the COMMIT on a worker thread for
+SQLite. Meanwhile it takes the next batch from the backlog and builds that one's rows, so they
+are ready when the first is committed. One batch ahead is enough for the two to overlap.
+
+The batch ahead is written only after the one before it is committed, on the same connection,
+so no connection is used by two threads at once; the journal is committed in order, each batch
+once it is in the database. After an outage both batches are kept, rows and all, and written
+in order again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from proxy.exchange import Exchange
+from proxy.store.backlog import Backlog, Batch
+from proxy.store.journal import Position
+from proxy.store.rows import Rows, rows_for
+from proxy.store.turns import Turns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Taken:
+    """A batch taken from the backlog, kept until it is committed."""
+
+    batch: Batch
+    rows: list[tuple[Exchange, Rows]] | None = None
+    """Its rows once built; records whose rows cannot be built are set aside instead."""
+
+
+class Batches:
+    def __init__(self, backlog: Backlog, size: int) -> None:
+        self.backlog = backlog
+        self.size = size
+        self.held: Taken | None = None
+        """The batch being written, kept until it is committed."""
+        self.ahead: Taken | None = None
+        """The batch after it, taken (and built) while it is written."""
+
+    async def take(self, wait: float) -> bool:
+        """Hold a batch with its rows built: the one held already (after an outage), the one
+        taken ahead, or the next from the backlog (waiting `wait` for it to fill, as
+        `Backlog.next_batch` does); False when there is none."""
+        if self.held is None:
+            batch = await self.backlog.next_batch(self.size, wait)
+            if batch is None:
+                return False
+            self.held = Taken(batch)
+        if self.held.rows is None:
+            self.held.rows = await self._build(self.held.batch[0])
+        return True
+
+    def held_rows(self) -> list[tuple[Exchange, Rows]]:
+        if self.held is None or self.held.rows is None:
+            raise RuntimeError("no batch held, or its rows are not built")
+        return self.held.rows
+
+    def look_ahead(self, tasks: asyncio.TaskGroup, closing: bool) -> None:
+        """Take and build the next batch in `tasks` while the held one is written: when a whole
+        batch is waiting, or none is in memory (the journal may hold more, after the memory
+        overflowed or a restart), or the recorder is closing. A part of a batch is left to
+        fill meanwhile, as the writer would wait for it."""
+        if self.held is None or self.ahead is not None:
+            return
+        if closing or not 0 < len(self.backlog) < self.size:
+            tasks.create_task(self._take_ahead(self.held.batch[1]))
+
+    async def _take_ahead(self, after: Position | None) -> None:
+        try:
+            batch = await self.backlog.next_batch(self.size, 0.0, after)
+            if batch is not None:
+                self.ahead = taken = Taken(batch)
+                taken.rows = await self._build(batch[0])
+        except Exception:  # the held batch's write goes on; what is not taken is taken later
+            log.exception("record writer failed to take the next batch")
+
+    def commit_held(self) -> None:
+        """The held batch is in the database: commit the journal up to it."""
+        if self.held is not None:
+            self.backlog.commit(self.held.batch)
+            self.held = None
+
+    def move_on(self) -> None:
+        """Hold the batch taken ahead, once the one before it is committed."""
+        if self.held is None:
+            self.held, self.ahead = self.ahead, None
+
+    def done(self) -> bool:
+        """Whether nothing is left to write."""
+        return self.held is None and self.ahead is None and self.backlog.done()
+
+    def only_in_memory(self) -> list[Exchange]:
+        """The records of the taken batches that the journal does not hold (at shutdown)."""
+        return [
+            ex
+            for taken in (self.held, self.ahead)
+            if taken is not None and taken.batch[1] is None
+            for ex in taken.batch[0]
+        ]
+
+    async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
+        """Rows for a batch, built on the event loop's thread between turns given to the relay:
+        a worker thread would fight the loop for the GIL (docs/performance.md). A record whose
+        rows cannot be built goes to the journal's `.bad`."""
+        turns = Turns()
+        rows: list[tuple[Exchange, Rows]] = []
+        for ex in batch:
+            try:
+                rows.append((ex, rows_for(ex)))
+            except Exception as exc:
+                self.backlog.journal.set_aside(ex, f"cannot build rows: {exc!r}")
+            await turns.give()
+        return rows

@@ -1,0 +1,113 @@
+"""The backlog hands the writer the batch after one that is not committed yet: from memory or
+from the journal file, across sealed segments, and commits nothing the writer did not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from proxy.exchange import Exchange
+from proxy.store.backlog import Backlog
+from proxy.store.journal import Journal
+from proxy.store.lines import encode
+from proxy.store.losses import Losses
+from tests.dbs import chat_exchange
+
+
+def opened(tmp_path: Path, queue_size: int, max_bytes: int = 1 << 20) -> Backlog:
+    journal = Journal(tmp_path / "records.spool", max_bytes)
+    journal.open()
+    backlog = Backlog(journal, Losses(journal), queue_size)
+    backlog.opened()
+    return backlog
+
+
+def journaled(backlog: Backlog, count: int) -> list[Exchange]:
+    """`count` records added and journaled in one write, as at the end of a turn of the loop."""
+    sent = [chat_exchange() for _ in range(count)]
+    for ex in sent:
+        backlog.add(ex)
+    backlog.flush()
+    return sent
+
+
+def ids(exchanges: list[Exchange]) -> list[str]:
+    return [ex.id for ex in exchanges]
+
+
+async def test_the_batch_after_an_uncommitted_one_comes_from_memory(tmp_path: Path) -> None:
+    backlog = opened(tmp_path, queue_size=100)
+    sent = journaled(backlog, 25)
+    first = await backlog.next_batch(10, 0.0)
+    assert first is not None and first[1] is not None
+    second = await backlog.next_batch(10, 0.0, after=first[1])
+    assert second is not None
+    assert ids(first[0]) + ids(second[0]) == ids(sent[:20])
+    assert backlog.journal.done == (1, 0)  # nothing is committed until the writer says so
+    backlog.commit(first)
+    assert backlog.journal.done == first[1]
+    backlog.commit(second)
+    assert backlog.journal.done == second[1]
+    third = await backlog.next_batch(10, 0.0)
+    assert third is not None and ids(third[0]) == ids(sent[20:])
+
+
+async def test_past_the_memory_the_batch_after_is_read_from_the_file(tmp_path: Path) -> None:
+    backlog = opened(tmp_path, queue_size=5)
+    sent = journaled(backlog, 25)
+    assert len(backlog) == 5  # the other 20 are in the journal only
+    taken: list[Exchange] = []
+    after = None
+    for _ in range(3):
+        batch = await backlog.next_batch(10, 0.0, after=after)
+        assert batch is not None and batch[1] is not None
+        taken += batch[0]
+        after = batch[1]
+    assert ids(taken) == ids(sent)
+    assert backlog.journal.done == (1, 0)
+    assert await backlog.next_batch(10, 0.0, after=after) is None
+
+
+async def test_the_batch_after_one_ending_a_sealed_segment_starts_the_next(tmp_path: Path) -> None:
+    line = len(encode(chat_exchange()))
+    backlog = opened(tmp_path, queue_size=0, max_bytes=400 * line)  # segments of ~4 KiB or more
+    sent = [chat_exchange() for _ in range(3 * (backlog.journal.segment_bytes // line + 1))]
+    for ex in sent:
+        backlog.add(ex)
+        backlog.flush()  # one append each, so the live segment is sealed once past its size
+    assert backlog.journal.live >= 3
+    batches = []
+    after = None
+    for _ in range(10):
+        batch = await backlog.next_batch(len(sent), 0.0, after=after)
+        if batch is None:
+            break
+        batches.append(batch)
+        after = batch[1]
+    assert [ex.id for batch in batches for ex in batch[0]] == ids(sent)
+    holding = backlog.journal.live - (backlog.journal.size == 0)  # the live one may be empty
+    assert len(batches) == holding  # one a segment, read one after the other
+    assert backlog.journal.done == (1, 0)
+    assert len(list(tmp_path.glob("records.spool.seg*"))) == backlog.journal.live - 1  # noqa: ASYNC240
+    for batch in batches:
+        backlog.commit(batch)
+    assert await backlog.next_batch(len(sent), 0.0) is None  # a segment read to its end: done
+    assert not list(tmp_path.glob("records.spool.seg*"))  # noqa: ASYNC240 - deleted once committed
+
+
+async def test_lines_that_are_not_records_after_an_uncommitted_batch_wait_their_turn(
+    tmp_path: Path,
+) -> None:
+    backlog = opened(tmp_path, queue_size=0)
+    sent = journaled(backlog, 3)
+    assert backlog.journal.append([b"not a record\n"]) is not None
+    first = await backlog.next_batch(3, 0.0)
+    assert first is not None and ids(first[0]) == ids(sent)
+    rest = await backlog.next_batch(3, 0.0, after=first[1])
+    # Handed back without records, to be committed after the batch before it, not at once.
+    assert rest is not None and rest[0] == [] and rest[1] == backlog.journal.end
+    assert backlog.journal.done == (1, 0)
+    assert (tmp_path / "records.spool.bad").read_bytes() == b"not a record\n"
+    backlog.commit(first)
+    backlog.commit(rest)
+    assert backlog.journal.done == backlog.journal.end
+    assert backlog.done()
