@@ -3,7 +3,9 @@
 The writer (`store.recorder`) builds a batch's rows on the event loop's thread, then waits while
 the database works on them: the server's work for PostgreSQL, the COMMIT on a worker thread for
 SQLite. Meanwhile it takes the next batch from the backlog and builds that one's rows, so they
-are ready when the first is committed. One batch ahead is enough for the two to overlap.
+are ready when the first is committed. One batch ahead is enough for the two to overlap. Only
+on PostgreSQL: on SQLite nearly all of the work is the process's own, and overlapping it cost
+more than it saved.
 
 The batch ahead is written only after the one before it is committed, on the same connection,
 so no connection is used by two threads at once; the journal is committed in order, each batch
@@ -39,6 +41,11 @@ class Batches:
     def __init__(self, backlog: Backlog, size: int) -> None:
         self.backlog = backlog
         self.size = size
+        self.overlap = True
+        """Whether to take a batch ahead at all: not for SQLite (`recorder.start`), whose
+        INSERTs run on the loop's thread anyway and whose COMMIT, the one part on a worker
+        thread, then traded the GIL with the build beside it: 1.22x the CPU an exchange
+        (docs/performance.md)."""
         self.held: Taken | None = None
         """The batch being written, kept until it is committed."""
         self.ahead: Taken | None = None
@@ -67,7 +74,7 @@ class Batches:
         batch is waiting, or none is in memory (the journal may hold more, after the memory
         overflowed or a restart), or the recorder is closing. A part of a batch is left to
         fill meanwhile, as the writer would wait for it."""
-        if self.held is None or self.ahead is not None:
+        if not self.overlap or self.held is None or self.ahead is not None:
             return
         if closing or not 0 < len(self.backlog) < self.size:
             tasks.create_task(self._take_ahead(self.held.batch[1]))

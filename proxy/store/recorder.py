@@ -8,8 +8,8 @@ expired shutdown grace loses nothing journaled.
 One writer task works through the backlog in order. It takes up to `batch_size` records,
 waiting once for `batch_interval` while a batch fills, builds their rows (`store.rows`),
 writes them in one transaction (`store.writer`), then marks the journal committed up to them.
-While the database works on a batch, the writer takes the next one and builds its rows
-(`store.lookahead`), so the process's work and the database's overlap instead of adding up.
+On PostgreSQL, while the server works on a batch, the writer takes the next one and builds its
+rows (`store.lookahead`), so the process's work and the server's overlap instead of adding up.
 A batch that fails for an outage is kept, with the one taken after it, and both are tried again
 in order with exponential backoff. Writes are idempotent by exchange id, so what is written
 twice is stored once.
@@ -150,6 +150,7 @@ class DatabaseRecorder:
             log.warning("%s: records are kept in memory only until it is", self.journal.problem)
         self._engine = self.engine  # a malformed URL fails here, not inside the writer
         self._writer = writer_for(self._engine, self._busy_timeout_ms)
+        self._batches.overlap = self._engine.dialect.name == "postgresql"
         self._task = asyncio.create_task(self._run(), name="flightrec-writer")
 
     def accept(self, exchange: Exchange) -> None:
