@@ -2,8 +2,8 @@
 the database would store (omitted bodies are already gone; raw bodies base64).
 
 A body that parsed as JSON goes into the line as the text it was parsed from, not serialised
-again: the database keeps that same text (`rows._body_json`), and for a response with logprobs
-serialising the parsed body was nine tenths of the line's cost (docs/performance.md)."""
+again: the database keeps that same text (`rows._body_json`), and for a long body, a response
+with logprobs above all, serialising it was most of the line's work (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def encode(ex: Exchange) -> bytes:
 
 
 SOURCE_FROM = 2048
-"""Bytes from which a body's text is taken for its JSON: below, looking at the text costs
-more than serialising the JSON again (a 690-byte chat answer: 1.1 us against 0.7)."""
+"""Bytes from which a body's text is taken for its JSON: for a short body, looking at the text
+is dearer than serialising the JSON again (docs/performance.md)."""
 
 
 def _source(parsed: Any, raw: bytes | None) -> Any:

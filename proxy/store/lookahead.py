@@ -4,8 +4,8 @@ The writer (`store.recorder`) builds a batch's rows on the event loop's thread, 
 the database works on them: the server's work for PostgreSQL, the COMMIT on a worker thread for
 SQLite. Meanwhile it takes the next batch from the backlog and builds that one's rows, so they
 are ready when the first is committed. One batch ahead is enough for the two to overlap. Only
-on PostgreSQL: on SQLite nearly all of the work is the process's own, and overlapping it cost
-more than it saved.
+on PostgreSQL: on SQLite nearly all of the work is the process's own, so there is nothing to
+overlap it with.
 
 The batch ahead is written only after the one before it is committed, on the same connection,
 so no connection is used by two threads at once; the journal is committed in order, each batch
@@ -44,8 +44,7 @@ class Batches:
         self.overlap = True
         """Whether to take a batch ahead at all: not for SQLite (`recorder.start`), whose
         INSERTs run on the loop's thread anyway and whose COMMIT, the one part on a worker
-        thread, then traded the GIL with the build beside it: 1.22x the CPU an exchange
-        (docs/performance.md)."""
+        thread, then trades the GIL with the build beside it (docs/performance.md)."""
         self.held: Taken | None = None
         """The batch being written, kept until it is committed."""
         self.ahead: Taken | None = None

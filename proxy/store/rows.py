@@ -195,8 +195,7 @@ _EXCHANGE_FLOATS = attrgetter("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
 
 
 def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Record:
-    """The `exchanges` record, in `tables.exchanges`' column order (each value's column is
-    named beside it; tests/store checks the order)."""
+    """The `exchanges` record in `tables.exchanges`' column order (tests/store checks it)."""
     texts = _texts(_EXCHANGE_TEXTS(ex))
     method, path, query, upstream, upstream_url, model, response_model = texts[:7]
     outcome, error, content_type, upstream_request_id, key_hash, key_hint = texts[7:13]
@@ -204,10 +203,9 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Rec
     service_tier = texts[19]
     ttfb_ms, ttft_ms, duration_ms, cost_usd = _floats(_EXCHANGE_FLOATS(ex))
     turn_key, parent_key = keys(ex.request_json, response)
-    status: int | None = ex.status
+    status: int | None = ex.status  # `_int` only for what is not a plain int in range
     response_bytes: int | None = ex.response_bytes
     chunks: int | None = ex.chunks
-    # `_int`, called only for what is not a plain int in range.
     if status.__class__ is not int or not -_INT32 <= status < _INT32:
         status = _int(status)
     if response_bytes.__class__ is not int or not -_INT64 <= response_bytes < _INT64:
