@@ -137,20 +137,31 @@ def control_headers(headers: Headers, found: list[tuple[str, str]] | None = None
     return controls
 
 
+_NO_KEY = (None, None)
+
+
 def key_identity(headers: Any) -> tuple[str | None, str | None]:
     """`key_hash` (SHA-256 hex prefix) and `key_hint` of the API key; the key never leaves."""
-    key: str | None = None
     auth = headers.get("Authorization")
-    if auth:
-        scheme, _, credentials = auth.partition(" ")
-        key = credentials.strip() if scheme.lower() == "bearer" else auth.strip()
-    key = key or headers.get("api-key") or headers.get("x-api-key")
-    return _identify(key) if key else (None, None)
+    found = _from_authorization(auth) if auth else None
+    if found is not None:
+        return found
+    key = headers.get("api-key") or headers.get("x-api-key")
+    return _identify(key) if key else _NO_KEY
+
+
+@functools.lru_cache(maxsize=1024)
+def _from_authorization(auth: str) -> tuple[str, str] | None:
+    """What `Authorization` names (None: no key in it). Clients send the same few values over
+    and over: each is read and hashed once."""
+    scheme, _, credentials = auth.partition(" ")
+    key = credentials.strip() if scheme.lower() == "bearer" else auth.strip()
+    return _identify(key) if key else None
 
 
 @functools.lru_cache(maxsize=1024)
 def _identify(key: str) -> tuple[str, str]:
-    """Clients send the same few keys over and over: hash each once."""
+    """Hashed once per key (`_from_authorization`, and the `api-key` headers)."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     hint = f"{key[:3]}...{key[-4:]}" if len(key) >= 12 else "..."
     return digest, hint
