@@ -79,16 +79,21 @@ class Record:
         if exchange is None:
             upstream = self._upstream
             body = self.body
+            # Positional, in `Exchange`'s field order (keywords cost a search each among its
+            # fifty parameters); `tests/relay/test_record.py` holds it to the named call.
             exchange = self._exchange = Exchange(
-                id=self.id,
-                started_at=self._began,
-                method=self._method,
-                path="",
-                query="",
-                upstream=upstream.name,
-                upstream_url=upstream.base_url + self._rest.partition("?")[0],
-                request_body=None if body is None else body.original,
-                request_json=None if body is None else body.payload,
+                self.id,
+                self._began,
+                self._method,
+                "",  # path and query: `conclude` fills them in
+                "",
+                upstream.name,
+                upstream.base_url + self._rest.partition("?")[0],
+                None,  # status
+                False,  # stream
+                None,  # model
+                None if body is None else body.original,
+                None if body is None else body.payload,
             )
             if self._answer is not None:
                 self._fill_answer(exchange)
