@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,15 +39,6 @@ def _connection_tokens(headers: Headers) -> set[str] | frozenset[str]:
     for value in values:
         tokens.update(token.strip().lower() for token in value.split(","))
     return tokens
-
-
-def _end_to_end(headers: Headers, drop: frozenset[str]) -> Iterator[tuple[str, str]]:
-    listed = _connection_tokens(headers)
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in listed or lower in drop:
-            continue
-        yield name, value
 
 
 def _accept_encoding(value: str) -> str:
@@ -95,11 +85,17 @@ def upstream_headers(
     return out
 
 
-def response_headers(headers: Headers, length_changes: bool) -> Iterator[tuple[str, str]]:
+_HOP_BY_HOP_AND_LENGTH = HOP_BY_HOP | {"content-length"}
+
+
+def response_headers(headers: Headers, length_changes: bool) -> list[tuple[str, str]]:
     """The upstream's headers as the client gets them: less hop-by-hop (and the length, when
     the proxy withholds an event and so changes it)."""
-    drop = frozenset({"content-length"}) if length_changes else frozenset()
-    return _end_to_end(headers, drop)
+    drop = _HOP_BY_HOP_AND_LENGTH if length_changes else HOP_BY_HOP
+    listed = _connection_tokens(headers)
+    if listed:
+        drop = drop | listed
+    return [(name, value) for name, value in headers.items() if name.lower() not in drop]
 
 
 @dataclass(slots=True)
