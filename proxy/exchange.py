@@ -68,7 +68,7 @@ def format_id(ms_and_seq: int) -> str:
     """The UUIDv7 string of an `id_place`."""
     rand = _random_bits(62)
     value = (ms_and_seq >> 12) << 80 | 0x7 << 76 | (ms_and_seq & 0xFFF) << 64 | 0b10 << 62 | rand
-    h = f"{value:032x}"
+    h = value.to_bytes(16, "big").hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 

@@ -56,6 +56,8 @@ _BOUNDARY = ("-", ":", "@")
 _KEPT = 4096
 """Distinct lookups remembered before starting over: model names come from clients."""
 _DAY = 86_400
+_new_tuple = tuple.__new__
+"""Makes a `Priced` from both its values without the Python call its `__new__` is."""
 
 
 class Priced(NamedTuple):
@@ -246,8 +248,8 @@ class Prices:
         if cost is None:
             return None
         if len(rates.bands) == 1:
-            return Priced(cost, compiled.source)
-        return Priced(cost, _long(compiled, usage))
+            return _new_tuple(Priced, (cost, compiled.source))
+        return _new_tuple(Priced, (cost, _long(compiled, usage)))
 
     def _search(self, upstream: str, base_url: str, model: str) -> _Match | Rates | None:
         if (key := self._config_key(model)) is not None:

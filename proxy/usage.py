@@ -71,6 +71,9 @@ def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
 
 
 _EMPTY: Mapping[str, Any] = {}
+_new_tuple = tuple.__new__
+"""Makes a named tuple from all its values, as its own `__new__` does, without the Python
+call that `__new__` is (one `Usage` per exchange)."""
 
 
 def _details(usage: Mapping[str, Any], *names: str) -> Mapping[str, Any]:
@@ -170,7 +173,7 @@ def decode_usage(usage: Any) -> Usage | None:
     accepted, rejected = get("accepted_prediction_tokens"), get("rejected_prediction_tokens")
     if accepted is not None or rejected is not None:
         accepted, rejected = _count(accepted), _count(rejected)
-    return Usage(
+    return _new_tuple(Usage, (
         total, cached, write, audio, cached_audio, image, cached_image,
         output, reasoning, output_audio, output_image, whole, accepted, rejected,
-    )  # fmt: skip
+    ))  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 
 import aiohttp
 from aiohttp import web
@@ -44,7 +45,7 @@ from proxy.relay.errors import (
     unreachable,
 )
 from proxy.relay.headers import upstream_headers
-from proxy.relay.load import asks_to_stream, shed
+from proxy.relay.load import Load, asks_to_stream, shed
 from proxy.relay.paths import Refused, route
 from proxy.relay.record import Record, conclude
 from proxy.relay.response import relay
@@ -71,17 +72,18 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return await websocket(request, upstream, rest, began, started)
     record = Record(place, request.method, upstream, rest, began)
     later = app[APP_DEFERRED]
+    sinks = app[APP_SINKS]
     later.under_way += 1
     in_flight = app[APP_IN_FLIGHT]
     task = in_flight.enter()
+    load = app[APP_LOAD]
     try:
         if refused:
             return refuse_path(record.ensure_exchange(), upstream)
-        load = app[APP_LOAD]
         if load.too_many_connections():
             exchange = record.ensure_exchange()
             return shed(exchange, "max_connections", load.max_connections, close=True)
-        return await _exchange(request, app, config, upstream, rest, record, started)
+        return await _exchange(request, app, config, load, upstream, rest, record, started)
     except asyncio.CancelledError:
         exchange = record.ensure_exchange()
         if in_flight.cut:  # shutdown cancelled it, past its grace (`inflight`)
@@ -101,13 +103,14 @@ async def forward(request: web.Request) -> web.StreamResponse:
         tee, record.tee = record.tee, None  # the tee refers to the record: no cycle left
         later.under_way -= 1
         in_flight.leave(task)
-        later.add(conclude, exchange, request, tee, app[APP_SINKS], record.controls)
+        later.add(conclude, exchange, request, tee, sinks, record.controls)
 
 
 async def _exchange(
     request: web.Request,
     app: web.Application,
     config: Config,
+    load: Load,
     upstream: Upstream,
     rest: str,
     record: Record,
@@ -115,7 +118,10 @@ async def _exchange(
 ) -> web.StreamResponse:
     """Read the request, send it upstream, relay the answer."""
     try:
-        body = await _read_body(request, config.client_body_timeout)
+        if request.content.is_eof():  # nearly every body came with its headers: no timer
+            body = await request.read()
+        else:
+            body = await _read_slow_body(request, config.client_body_timeout)
     except TimeoutError:
         return await too_slow(request, record.ensure_exchange(), config.client_body_timeout)
     except web.HTTPRequestEntityTooLarge:
@@ -128,7 +134,6 @@ async def _exchange(
     if blocked.budgets and (budget := over_budget(blocked, request.headers, body)) is not None:
         return budget_exceeded(record.ensure_exchange(), budget)
     streams = asks_to_stream(outgoing)
-    load = app[APP_LOAD]
     if streams and not load.take_stream():
         return shed(record.ensure_exchange(), "max_streams", load.max_streams, close=False)
     url = URL(upstream.base_url + rest, encoded=True)
@@ -150,28 +155,27 @@ async def _exchange(
             load.end_stream()
 
 
-async def _read_body(request: web.Request, seconds: float) -> bytes:
-    """The request body; TimeoutError when the client has not sent all of it `seconds` after
-    its headers. Nearly every body came with its headers and is read without a timer."""
-    if request.content.is_eof():
-        return await request.read()
+async def _read_slow_body(request: web.Request, seconds: float) -> bytes:
+    """The request body, not all here with its headers; TimeoutError when the client has not
+    sent all of it `seconds` after them."""
     async with asyncio.timeout(seconds):
         return await request.read()
 
 
-async def _send_upstream(
+def _send_upstream(
     request: web.Request,
     session: aiohttp.ClientSession,
     url: URL,
     body: UpstreamBody,
     record: Record,
-) -> aiohttp.ClientResponse:
-    """Send the request upstream; the answer once its headers are in. The control headers
-    left out go to `record.controls`."""
+) -> Awaitable[aiohttp.ClientResponse]:
+    """Send the request upstream; awaited, the answer once its headers are in. The control
+    headers left out go to `record.controls`. Not a coroutine of its own: awaiting the
+    session's request directly spares a layer each time the exchange waits on the upstream."""
     controls: list[tuple[str, str]] = []
     headers = upstream_headers(request.headers, identity_encoding=body.injected, controls=controls)
     record.controls = controls
-    return await session.request(
+    return session.request(
         request.method,
         url,
         headers=headers,

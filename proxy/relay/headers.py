@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,15 +39,6 @@ def _connection_tokens(headers: Headers) -> set[str] | frozenset[str]:
     for value in values:
         tokens.update(token.strip().lower() for token in value.split(","))
     return tokens
-
-
-def _end_to_end(headers: Headers, drop: frozenset[str]) -> Iterator[tuple[str, str]]:
-    listed = _connection_tokens(headers)
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in listed or lower in drop:
-            continue
-        yield name, value
 
 
 def _accept_encoding(value: str) -> str:
@@ -95,11 +85,17 @@ def upstream_headers(
     return out
 
 
-def response_headers(headers: Headers, length_changes: bool) -> Iterator[tuple[str, str]]:
+_HOP_BY_HOP_AND_LENGTH = HOP_BY_HOP | {"content-length"}
+
+
+def response_headers(headers: Headers, length_changes: bool) -> list[tuple[str, str]]:
     """The upstream's headers as the client gets them: less hop-by-hop (and the length, when
     the proxy withholds an event and so changes it)."""
-    drop = frozenset({"content-length"}) if length_changes else frozenset()
-    return _end_to_end(headers, drop)
+    drop = _HOP_BY_HOP_AND_LENGTH if length_changes else HOP_BY_HOP
+    listed = _connection_tokens(headers)
+    if listed:
+        drop = drop | listed
+    return [(name, value) for name, value in headers.items() if name.lower() not in drop]
 
 
 @dataclass(slots=True)
@@ -137,20 +133,31 @@ def control_headers(headers: Headers, found: list[tuple[str, str]] | None = None
     return controls
 
 
+_NO_KEY = (None, None)
+
+
 def key_identity(headers: Any) -> tuple[str | None, str | None]:
     """`key_hash` (SHA-256 hex prefix) and `key_hint` of the API key; the key never leaves."""
-    key: str | None = None
     auth = headers.get("Authorization")
-    if auth:
-        scheme, _, credentials = auth.partition(" ")
-        key = credentials.strip() if scheme.lower() == "bearer" else auth.strip()
-    key = key or headers.get("api-key") or headers.get("x-api-key")
-    return _identify(key) if key else (None, None)
+    found = _from_authorization(auth) if auth else None
+    if found is not None:
+        return found
+    key = headers.get("api-key") or headers.get("x-api-key")
+    return _identify(key) if key else _NO_KEY
+
+
+@functools.lru_cache(maxsize=1024)
+def _from_authorization(auth: str) -> tuple[str, str] | None:
+    """What `Authorization` names (None: no key in it). Clients send the same few values over
+    and over: each is read and hashed once."""
+    scheme, _, credentials = auth.partition(" ")
+    key = credentials.strip() if scheme.lower() == "bearer" else auth.strip()
+    return _identify(key) if key else None
 
 
 @functools.lru_cache(maxsize=1024)
 def _identify(key: str) -> tuple[str, str]:
-    """Clients send the same few keys over and over: hash each once."""
+    """Hashed once per key (`_from_authorization`, and the `api-key` headers)."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     hint = f"{key[:3]}...{key[-4:]}" if len(key) >= 12 else "..."
     return digest, hint

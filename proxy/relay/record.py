@@ -79,16 +79,21 @@ class Record:
         if exchange is None:
             upstream = self._upstream
             body = self.body
+            # Positional, in `Exchange`'s field order (keywords cost a search each among its
+            # fifty parameters); `tests/relay/test_record.py` holds it to the named call.
             exchange = self._exchange = Exchange(
-                id=self.id,
-                started_at=self._began,
-                method=self._method,
-                path="",
-                query="",
-                upstream=upstream.name,
-                upstream_url=upstream.base_url + self._rest.partition("?")[0],
-                request_body=None if body is None else body.original,
-                request_json=None if body is None else body.payload,
+                self.id,
+                self._began,
+                self._method,
+                "",  # path and query: `conclude` fills them in
+                "",
+                upstream.name,
+                upstream.base_url + self._rest.partition("?")[0],
+                None,  # status
+                False,  # stream
+                None,  # model
+                None if body is None else body.original,
+                None if body is None else body.payload,
             )
             if self._answer is not None:
                 self._fill_answer(exchange)
@@ -138,15 +143,21 @@ def _describe_request(
 ) -> None:
     """What the record says about the request besides its bytes: the control headers, the
     key, the model, the user."""
-    controls = control_headers(headers, found)
-    exchange.tags = controls.tags
-    exchange.omit_request = controls.omit_request
-    exchange.omit_response = controls.omit_response
-    exchange.replay_of = controls.replay_of
-    exchange.session = controls.session
+    controls_user = None
+    if found is None or found:
+        controls = control_headers(headers, found)
+        exchange.tags = controls.tags
+        exchange.omit_request = controls.omit_request
+        exchange.omit_response = controls.omit_response
+        exchange.replay_of = controls.replay_of
+        exchange.session = controls.session
+        controls_user = exchange.user = controls.user
+    else:  # no control headers (nearly every request): their defaults, `Controls` unmade
+        exchange.tags = {}
+        exchange.omit_request = exchange.omit_response = False
+        exchange.replay_of = exchange.session = exchange.user = None
     exchange.traceparent = headers.get("traceparent")
     exchange.key_hash, exchange.key_hint = key_identity(headers)
-    exchange.user = controls.user
     payload = exchange.request_json
     if payload is None and exchange.request_body:
         payload = exchange.request_json = parse_json_body(exchange.request_body)
@@ -156,8 +167,8 @@ def _describe_request(
         model = payload.get("model")
         exchange.model = model if isinstance(model, str) else None
         exchange.stream = exchange.stream or payload.get("stream") in (True, "true")
-        user = payload.get("user") or payload.get("safety_identifier")
-        exchange.user = controls.user or (user if isinstance(user, str) else None)
+        named = payload.get("user") or payload.get("safety_identifier")
+        exchange.user = controls_user or (named if isinstance(named, str) else None)
 
 
 def _error_text(response_json: Any, response_body: bytes | None) -> str | None:

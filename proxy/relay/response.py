@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 
 from proxy.config import Config
-from proxy.relay.appkeys import APP_DEFERRED, APP_DEFERRED_READS, APP_SINKS
+from proxy.exchange import Exchange
+from proxy.relay.appkeys import APP_CONFIG, APP_DEFERRED, APP_DEFERRED_READS, APP_SINKS
 from proxy.relay.batchfile import result_lines
 from proxy.relay.deferred import Deferred
 from proxy.relay.headers import response_headers
 from proxy.relay.record import Record
 from proxy.relay.tee import StreamTee
 from proxy.stream.endpoints import Endpoint
-from proxy.stream.reader import BodySettings
+from proxy.stream.reader import BodySettings, LineReader
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +80,7 @@ async def relay(
         max_record_bytes=config.max_record_bytes,
         max_stream_record_bytes=config.max_stream_record_bytes,
         keep_raw=config.store_raw_stream,
-        lines=result_lines(
-            request.method,
-            request.path,
-            answer.status,
-            request.headers,
-            app[APP_SINKS],
-            config.max_record_bytes,
-        ),
+        lines=None if request.method != "GET" else _result_lines(request, app, answer.status),
     )
     tee = record.tee = StreamTee(
         record.ensure_exchange, response.write, settings, later=app[APP_DEFERRED_READS]
@@ -99,6 +94,16 @@ async def relay(
         exchange.report("proxy_error", f"{type(exc).__name__}: {exc}")
         response.force_close()
     return response
+
+
+def _result_lines(
+    request: web.Request, app: web.Application, status: int
+) -> Callable[[Exchange], LineReader] | None:
+    """What reads a Batch API file's lines as its download (a GET) passes; None otherwise."""
+    max_line_bytes = app[APP_CONFIG].max_record_bytes
+    return result_lines(
+        "GET", request.path, status, request.headers, app[APP_SINKS], max_line_bytes
+    )
 
 
 async def _pump(

@@ -104,7 +104,15 @@ class StreamTee:
         now) and have it read; False once the client has gone. `last`: the upstream's body has
         ended with this piece."""
         if self._withholder is None:
-            self._read_later(piece, await self._send(piece), None, last=last)
+            # `_send` written out: a coroutine less for every piece of every body.
+            delivered = False
+            if self._client_here:
+                try:
+                    await self._write(piece)
+                    delivered = True
+                except _GONE:
+                    self._gone()
+            self._read_later(piece, delivered, None, last=last)
             return self._client_here
         ahead = self._whole_events(piece)
         if ahead:
@@ -178,10 +186,12 @@ class StreamTee:
             await self._write(data)
             return True
         except _GONE:
-            self._client_here = False
-            exchange = self.exchange
-            exchange.report("client_disconnected", "client disconnected")
+            self._gone()
             return False
+
+    def _gone(self) -> None:
+        self._client_here = False
+        self.exchange.report("client_disconnected", "client disconnected")
 
     def _between_events(self) -> bool:
         """Every byte so far belongs to a whole event (or a comment or a blank line)."""

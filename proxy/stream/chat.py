@@ -288,6 +288,7 @@ class ChatAssembler:
         token. A chunk not shaped like one (`choices` not a list of objects, a delta that is
         not an object) raises AttributeError or TypeError; what came before is kept."""
         output = False
+        head, real, extra = self._head, self._real, self._extra  # read once: a loop per key
         for key, value in chunk.items():
             if key == "choices":
                 if not value:
@@ -299,21 +300,21 @@ class ChatAssembler:
                     if state is None:
                         state = choices[index] = _Choice(index)
                     output = state.add(choice) or output
-            elif key in self._head:
-                if key not in self._real:
+            elif key in head:
+                if key not in real:
                     if value:
-                        self._head[key] = value
-                        self._real.add(key)
-                    elif self._head[key] is None:
-                        self._head[key] = value
+                        head[key] = value
+                        real.add(key)
+                    elif head[key] is None:
+                        head[key] = value
             elif key == "object" or key == "obfuscation":
                 continue
             elif key == "usage":
                 self._usage_seen = True
                 if value is not None:
                     self._usage = value
-            elif value is not None or key not in self._extra:
-                self._extra[key] = value
+            elif value is not None or key not in extra:
+                extra[key] = value
         return output
 
     @property

@@ -19,7 +19,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.stream.endpoints import Endpoint
 from proxy.stream.sse import Event, SSEParser
-from proxy.stream.withhold import holds_usage, is_usage_event
+from proxy.stream.withhold import holds_usage
 
 READABLE = ("", "identity", "gzip", "x-gzip", "deflate")
 """Content-Encodings the record can decode."""
@@ -185,13 +185,14 @@ class BodyReader:
         drops: list[tuple[int, int]] = []
         exchange = self._exchange
         ends = self._endpoint.ends
+        truncated, withhold, assembler = self.truncated, self._withhold, self._assembler
         for event in events:
             exchange.chunks += 1
             data = event.data
             if data == b"[DONE]":
                 self.ended = True
                 continue
-            if self.truncated and not self._read_past_the_bound(event):
+            if truncated and not self._read_past_the_bound(event):
                 self._events_past += 1
                 continue
             try:  # (a loop per event of every stream: no call of its own)
@@ -207,12 +208,24 @@ class BodyReader:
                 self._stream_error = chunk.get("error") or chunk
             if kind in ends:
                 self.ended = True
-            if self._withhold and is_usage_event(chunk):
+            # `withhold.is_usage_event`, written out (once per event)
+            if withhold and chunk.get("choices") == [] and chunk.get("usage"):
                 drops.append((event.start, event.end))
-            if self.truncated:
+            if truncated:
                 self._events_past += 1
                 chunk = _past_the_bound(chunk)
-            self._fold(chunk, arrived)
+            if assembler is None:
+                self._keep_event(chunk, arrived)
+                continue
+            try:  # the first output is the first token
+                produced = assembler.add(chunk)
+            except (AttributeError, TypeError, ValueError) as exc:
+                # A chunk of an unexpected shape is the upstream's problem, never the
+                # client's: it was relayed already; the record notes it and goes on.
+                self._problem(f"event {exchange.chunks}: unexpected chunk shape: {exc}")
+                continue
+            if produced and exchange.ttft_ms is None:
+                exchange.ttft_ms = (arrived - self._started) * 1000
         return drops
 
     def _read_past_the_bound(self, event: Event) -> bool:
@@ -221,25 +234,15 @@ class BodyReader:
         data = event.data
         return event.event in self._endpoint.ends or holds_usage(data) or b'"error"' in data
 
-    def _fold(self, chunk: dict[str, Any], arrived: float) -> None:
-        """Give an event to the assembler, or keep it as it came; the first output is the
-        first token."""
+    def _keep_event(self, chunk: dict[str, Any], arrived: float) -> None:
+        """Keep an event of a stream no assembler knows as it came; the first is the first
+        token."""
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        if not self.truncated:
+            self._events.append(chunk)
         exchange = self._exchange
-        if self._assembler is None:
-            if isinstance(chunk.get("usage"), dict):
-                self._usage = chunk["usage"]
-            if not self.truncated:
-                self._events.append(chunk)
-            produced = True
-        else:
-            try:
-                produced = self._assembler.add(chunk)
-            except (AttributeError, TypeError, ValueError) as exc:
-                # A chunk of an unexpected shape is the upstream's problem, never the
-                # client's: it was relayed already; the record notes it and goes on.
-                self._problem(f"event {exchange.chunks}: unexpected chunk shape: {exc}")
-                return
-        if produced and exchange.ttft_ms is None:
+        if exchange.ttft_ms is None:
             exchange.ttft_ms = (arrived - self._started) * 1000
 
     def _capture(self, data: bytes) -> None:
