@@ -19,7 +19,7 @@ import orjson
 from proxy.exchange import Exchange
 from proxy.stream.endpoints import Endpoint
 from proxy.stream.sse import Event, SSEParser
-from proxy.stream.withhold import holds_usage
+from proxy.stream.withhold import holds_usage, is_usage_event
 
 READABLE = ("", "identity", "gzip", "x-gzip", "deflate")
 """Content-Encodings the record can decode."""
@@ -208,8 +208,7 @@ class BodyReader:
                 self._stream_error = chunk.get("error") or chunk
             if kind in ends:
                 self.ended = True
-            # `withhold.is_usage_event`, written out (once per event)
-            if withhold and chunk.get("choices") == [] and chunk.get("usage"):
+            if withhold and is_usage_event(chunk):  # the withholder's own rule
                 drops.append((event.start, event.end))
             if truncated:
                 self._events_past += 1
