@@ -23,6 +23,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from math import isfinite
 from operator import itemgetter
 from typing import Any
 
@@ -76,7 +77,12 @@ def is_unpriced(exchange: Mapping[str, Any], has_usage: bool) -> bool:
 def _bucket(ms: float | None) -> int | None:
     if ms is None or not math.isfinite(ms):
         return None
-    return bisect_right(t.LATENCY_BOUNDS_MS, ms)
+    return bisect_right(_FLOAT_BOUNDS, ms)
+
+
+_FLOAT_BOUNDS = tuple(map(float, t.LATENCY_BOUNDS_MS))
+"""The bounds as floats, for `bisect`: a float compares faster with a float than with an int,
+and every bound is a whole number a float holds exactly."""
 
 
 def vector(exchange: Mapping[str, Any], usage: Mapping[str, Any] | None) -> list[int]:
@@ -176,15 +182,18 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     for rows in fresh:
         record = rows.exchange
         tags = tuple([(tag["key"], tag["value"]) for tag in rows.tags]) if rows.tags else ()
-        hour = span_start(record[_STARTED_AT], "hour")
-        shared = (*_SHARED(record), tags, hour)
+        at = record[_STARTED_AT]
+        # A UTC hour as its numbers: a datetime's hash looks up its offset, and `span_start`
+        # builds one, each dearer than all of the exchange's sums.
+        if at.tzinfo is UTC:
+            shared = (*_SHARED(record), tags, at.hour, at.day, at.month, at.year)
+        else:
+            shared = (*_SHARED(record), tags, span_start(at, "hour"))
         group = groups.get(shared)
         if group is None:
-            sums = [0] * len(SUMS)
-            groups[shared] = group = [_named(record), tags, hour, sums]
-        else:
-            sums = group[3]
-        _sum(sums, record, rows.usage[0] if rows.usage else None)
+            hour = span_start(at, "hour")
+            groups[shared] = group = [_named(record), tags, hour, [0] * len(SUMS)]
+        _sum(group[3], record, rows.usage[0] if rows.usage else None)
     into: dict[FacetKey, list[Any]] = {}
     for ex, tags, hour, sums in groups.values():
         starts = (("hour", hour), ("day", hour.replace(hour=0)))
@@ -199,19 +208,23 @@ def _sum(sums: list[int], record: tuple[Any, ...], usage: Mapping[str, Any] | No
     if record[_OUTCOME] != "ok":
         sums[1] += 1
     if usage is not None:
-        for at, name in enumerate(TOKENS, start=2):
-            sums[at] += int(usage.get(name) or 0)
+        get = usage.get
+        sums[2] += int(get("prompt_tokens") or 0)  # `TOKENS`, in order
+        sums[3] += int(get("cached_tokens") or 0)
+        sums[4] += int(get("completion_tokens") or 0)
+        sums[5] += int(get("reasoning_tokens") or 0)
     cost = record[_COST_USD]
     if cost is not None:
         sums[6] += cost_nano(cost)
         sums[7] += 1
     elif is_unpriced(_named(record), usage is not None):
         sums[8] += 1
-    duration, ttft = _bucket(record[_DURATION_MS]), _bucket(record[_TTFT_MS])
-    if duration is not None:
-        sums[_DURATION + duration] += 1
-    if ttft is not None:
-        sums[_TTFT + ttft] += 1
+    # `_bucket`, written out: the record's times are floats or None (`rows`).
+    duration, ttft = record[_DURATION_MS], record[_TTFT_MS]
+    if duration is not None and isfinite(duration):
+        sums[_DURATION + bisect_right(_FLOAT_BOUNDS, duration)] += 1
+    if ttft is not None and isfinite(ttft):
+        sums[_TTFT + bisect_right(_FLOAT_BOUNDS, ttft)] += 1
 
 
 def upsert_sql(dialect: str) -> str:
