@@ -181,7 +181,7 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for rows in fresh:
         record = rows.exchange
-        tags = tuple([(tag["key"], tag["value"]) for tag in rows.tags]) if rows.tags else ()
+        tags = tuple([(tag[1], tag[2]) for tag in rows.tags]) if rows.tags else ()
         at = record[_STARTED_AT]
         # A UTC hour as its numbers: a datetime's hash looks up its offset, and `span_start`
         # builds one, each dearer than all of the exchange's sums.
@@ -201,18 +201,18 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     return [into[key] for key in sorted(into)]
 
 
-def _sum(sums: list[int], record: tuple[Any, ...], usage: Mapping[str, Any] | None) -> None:
-    """Add `vector` of a writer's record (`rows.Rows.exchange`) and its usage to `sums`,
-    touching only what it may make non-zero."""
+def _sum(sums: list[int], record: tuple[Any, ...], usage: tuple[Any, ...] | None) -> None:
+    """Add `vector` of a writer's record (`rows.Rows.exchange`) and its usage record to
+    `sums`, touching only what it may make non-zero."""
     sums[0] += 1
     if record[_OUTCOME] != "ok":
         sums[1] += 1
     if usage is not None:
-        get = usage.get
-        sums[2] += int(get("prompt_tokens") or 0)  # `TOKENS`, in order
-        sums[3] += int(get("cached_tokens") or 0)
-        sums[4] += int(get("completion_tokens") or 0)
-        sums[5] += int(get("reasoning_tokens") or 0)
+        prompt, cached, completion, reasoning = _USAGE_TOKENS(usage)
+        sums[2] += int(prompt or 0)  # `TOKENS`, in order
+        sums[3] += int(cached or 0)
+        sums[4] += int(completion or 0)
+        sums[5] += int(reasoning or 0)
     cost = record[_COST_USD]
     if cost is not None:
         sums[6] += cost_nano(cost)
@@ -285,6 +285,7 @@ _FIELDS = itemgetter(*(t.EXCHANGE_AT[name] for name in _ROW))
 _SHARED = itemgetter(
     *(t.EXCHANGE_AT[name] for name in _ROW[1:7])  # upstream, models, key, user
 )
+_USAGE_TOKENS = itemgetter(*(t.usage.columns.keys().index(name) for name in TOKENS))
 _STARTED_AT, _OUTCOME, _COST_USD, _DURATION_MS, _TTFT_MS = (
     t.EXCHANGE_AT[name] for name in ("started_at", "outcome", "cost_usd", "duration_ms", "ttft_ms")
 )
