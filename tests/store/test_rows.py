@@ -176,8 +176,8 @@ def test_each_child_record_holds_each_value_in_its_own_column() -> None:
     neighbours', so two swapped in `rows.py` fail here."""
     ex = chat_exchange(tags={"team": "blue"})
     ex.raw_stream_gz, ex.raw_pacing = b"gz", [(1, 2.0)]
-    answer: dict[str, Any] = {"role": "assistant", "content": "hi", "refusal": "no", "audio": {"id": "a"}}
-    answer |= {"tool_calls": [{"id": "t"}], "function_call": {"name": "f"}}
+    answer: dict[str, Any] = {"role": "assistant", "content": "hi", "refusal": "no"}
+    answer |= {"audio": {"id": "a"}, "tool_calls": [{"id": "t"}], "function_call": {"name": "f"}}
     ex.response_json = {
         "id": "chatcmpl-1",
         "object": "chat.completion",
