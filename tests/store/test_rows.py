@@ -10,6 +10,7 @@ import pytest
 
 from proxy.store import rows as r
 from proxy.store import tables as t
+from proxy.store.logprob_rows import _list_json, logprob_records
 from proxy.store.threads import keys
 from proxy.text import dumps
 from proxy.usage import Usage
@@ -219,3 +220,20 @@ def test_each_child_record_holds_each_value_in_its_own_column() -> None:
     assert [r.named(t.raw_streams, row) for row in rows.raw_streams] == [
         {"exchange_id": ex.id, "gz": b"gz", "pacing": "[[1,2.0]]"}
     ]
+
+
+def test_a_tokens_json_columns_are_what_list_json_makes_of_each() -> None:
+    """Two plain lists are serialised at once; anything else (a value that is not a list, one
+    orjson refuses) goes through `_list_json`, each column on its own."""
+    tokens: list[Any] = [
+        {"token": "a", "bytes": [97], "top_logprobs": [{"token": "a", "logprob": -1.0}]},
+        {"token": "b", "bytes": "98", "top_logprobs": [{"n": 1 << 70}]},
+        {"token": "c", "bytes": [99], "top_logprobs": [{1: 2}]},
+        {"token": "d", "bytes": None, "top_logprobs": ()},
+    ]
+    found = logprob_records("x", 0, "content", tokens)
+    assert [record[6:] for record in found] == [
+        (_list_json(token["bytes"]), _list_json(token["top_logprobs"])) for token in tokens
+    ]
+    assert found[1][6:] == (None, '[{"n": 1180591620717411303424}]')
+    assert found[2][6:] == ("[99]", '[{"1":2}]')
