@@ -23,6 +23,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from math import isfinite
 from operator import itemgetter
 from typing import Any
 
@@ -76,7 +77,12 @@ def is_unpriced(exchange: Mapping[str, Any], has_usage: bool) -> bool:
 def _bucket(ms: float | None) -> int | None:
     if ms is None or not math.isfinite(ms):
         return None
-    return bisect_right(t.LATENCY_BOUNDS_MS, ms)
+    return bisect_right(_FLOAT_BOUNDS, ms)
+
+
+_FLOAT_BOUNDS = tuple(map(float, t.LATENCY_BOUNDS_MS))
+"""The bounds as floats, for `bisect`: a float compares faster with a float than with an int,
+and every bound is a whole number a float holds exactly."""
 
 
 def vector(exchange: Mapping[str, Any], usage: Mapping[str, Any] | None) -> list[int]:
@@ -175,16 +181,19 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     groups: dict[tuple[Any, ...], list[Any]] = {}
     for rows in fresh:
         record = rows.exchange
-        tags = tuple([(tag["key"], tag["value"]) for tag in rows.tags]) if rows.tags else ()
-        hour = span_start(record[_STARTED_AT], "hour")
-        shared = (*_SHARED(record), tags, hour)
+        tags = tuple([(tag[1], tag[2]) for tag in rows.tags]) if rows.tags else ()
+        at = record[_STARTED_AT]
+        # A UTC hour as its numbers: a datetime's hash looks up its offset, and `span_start`
+        # builds one, each dearer than all of the exchange's sums.
+        if at.tzinfo is UTC:
+            shared = (*_SHARED(record), tags, at.hour, at.day, at.month, at.year)
+        else:
+            shared = (*_SHARED(record), tags, span_start(at, "hour"))
         group = groups.get(shared)
         if group is None:
-            sums = [0] * len(SUMS)
-            groups[shared] = group = [_named(record), tags, hour, sums]
-        else:
-            sums = group[3]
-        _sum(sums, record, rows.usage[0] if rows.usage else None)
+            hour = span_start(at, "hour")
+            groups[shared] = group = [_named(record), tags, hour, [0] * len(SUMS)]
+        _sum(group[3], record, rows.usage[0] if rows.usage else None)
     into: dict[FacetKey, list[Any]] = {}
     for ex, tags, hour, sums in groups.values():
         starts = (("hour", hour), ("day", hour.replace(hour=0)))
@@ -192,26 +201,30 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
     return [into[key] for key in sorted(into)]
 
 
-def _sum(sums: list[int], record: tuple[Any, ...], usage: Mapping[str, Any] | None) -> None:
-    """Add `vector` of a writer's record (`rows.Rows.exchange`) and its usage to `sums`,
-    touching only what it may make non-zero."""
+def _sum(sums: list[int], record: tuple[Any, ...], usage: tuple[Any, ...] | None) -> None:
+    """Add `vector` of a writer's record (`rows.Rows.exchange`) and its usage record to
+    `sums`, touching only what it may make non-zero."""
     sums[0] += 1
     if record[_OUTCOME] != "ok":
         sums[1] += 1
     if usage is not None:
-        for at, name in enumerate(TOKENS, start=2):
-            sums[at] += int(usage.get(name) or 0)
+        prompt, cached, completion, reasoning = _USAGE_TOKENS(usage)
+        sums[2] += int(prompt or 0)  # `TOKENS`, in order
+        sums[3] += int(cached or 0)
+        sums[4] += int(completion or 0)
+        sums[5] += int(reasoning or 0)
     cost = record[_COST_USD]
     if cost is not None:
         sums[6] += cost_nano(cost)
         sums[7] += 1
     elif is_unpriced(_named(record), usage is not None):
         sums[8] += 1
-    duration, ttft = _bucket(record[_DURATION_MS]), _bucket(record[_TTFT_MS])
-    if duration is not None:
-        sums[_DURATION + duration] += 1
-    if ttft is not None:
-        sums[_TTFT + ttft] += 1
+    # `_bucket`, written out: the record's times are floats or None (`rows`).
+    duration, ttft = record[_DURATION_MS], record[_TTFT_MS]
+    if duration is not None and isfinite(duration):
+        sums[_DURATION + bisect_right(_FLOAT_BOUNDS, duration)] += 1
+    if ttft is not None and isfinite(ttft):
+        sums[_TTFT + bisect_right(_FLOAT_BOUNDS, ttft)] += 1
 
 
 def upsert_sql(dialect: str) -> str:
@@ -272,6 +285,7 @@ _FIELDS = itemgetter(*(t.EXCHANGE_AT[name] for name in _ROW))
 _SHARED = itemgetter(
     *(t.EXCHANGE_AT[name] for name in _ROW[1:7])  # upstream, models, key, user
 )
+_USAGE_TOKENS = itemgetter(*(t.usage.columns.keys().index(name) for name in TOKENS))
 _STARTED_AT, _OUTCOME, _COST_USD, _DURATION_MS, _TTFT_MS = (
     t.EXCHANGE_AT[name] for name in ("started_at", "outcome", "cost_usd", "duration_ms", "ttft_ms")
 )

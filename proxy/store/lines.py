@@ -24,61 +24,62 @@ from proxy.usage import Usage
 _VERSION = 1
 _FIELDS = tuple(f.name for f in fields(Exchange))
 _BYTES_FIELDS = ("request_body", "response_body", "raw_stream_gz")
+_RECORD = dict.fromkeys(_FIELDS)
 
 
 def encode(ex: Exchange) -> bytes:
-    """The record's journal line. Its fields are written out in `Exchange`'s order (a test
-    holds the two together): a dict display is built in one step, where a comprehension
-    over the fields' names cost as much as the JSON encoding."""
+    """The record's journal line: every field of the exchange, in `Exchange`'s order, the
+    bodies as the database keeps them (`stored_bodies`: JSON, else raw bytes in base64)."""
     bodies = stored_bodies(ex)
-    record = {
-        "id": ex.id,
-        "started_at": ex.started_at,
-        "method": ex.method,
-        "path": ex.path,
-        "query": ex.query,
-        "upstream": ex.upstream,
-        "upstream_url": ex.upstream_url,
-        "status": ex.status,
-        "stream": ex.stream,
-        "model": ex.model,
-        "request_body": _base64(bodies.request_body),
-        "request_json": _source(bodies.request, ex.request_body),
-        "response_body": _base64(bodies.response_body),
-        "response_json": _source(bodies.response, ex.response_body),
-        "response_bytes": ex.response_bytes,
-        "content_type": ex.content_type,
-        "outcome": ex.outcome,
-        "error": ex.error,
-        "ttfb_ms": ex.ttfb_ms,
-        "ttft_ms": ex.ttft_ms,
-        "duration_ms": ex.duration_ms,
-        "chunks": ex.chunks,
-        "upstream_request_id": ex.upstream_request_id,
-        "key_hash": ex.key_hash,
-        "key_hint": ex.key_hint,
-        "user": ex.user,
-        "tags": ex.tags,
-        "replay_of": ex.replay_of,
-        "session": ex.session,
-        "usage": ex.usage,
-        "usage_source": ex.usage_source,
-        "response_model": ex.response_model,
-        "system_fingerprint": ex.system_fingerprint,
-        "parse_errors": ex.parse_errors,
-        "omit_request": ex.omit_request,
-        "omit_response": ex.omit_response,
-        "traceparent": ex.traceparent,
-        "raw_stream_gz": _base64(bodies.raw_stream_gz),
-        "raw_pacing": ex.raw_pacing,
-        "redacted": ex.redacted,
-        "tokens": None if ex.tokens is None else list(ex.tokens),
-        "service_tier": ex.service_tier,
-        "batch": ex.batch,
-        "cost_usd": ex.cost_usd,
-        "price_entry": ex.price_entry,
-        "batch_line": ex.batch_line,
-    }
+    # Every key set on a copy of a dict that holds them all, in the line's order: a dict
+    # display this long is built in chunks, each merged into the next and grown on the way.
+    record = _RECORD.copy()
+    record["id"] = ex.id
+    record["started_at"] = ex.started_at
+    record["method"] = ex.method
+    record["path"] = ex.path
+    record["query"] = ex.query
+    record["upstream"] = ex.upstream
+    record["upstream_url"] = ex.upstream_url
+    record["status"] = ex.status
+    record["stream"] = ex.stream
+    record["model"] = ex.model
+    record["request_body"] = _base64(bodies.request_body)
+    record["request_json"] = _source(bodies.request, ex.request_body)
+    record["response_body"] = _base64(bodies.response_body)
+    record["response_json"] = _source(bodies.response, ex.response_body)
+    record["response_bytes"] = ex.response_bytes
+    record["content_type"] = ex.content_type
+    record["outcome"] = ex.outcome
+    record["error"] = ex.error
+    record["ttfb_ms"] = ex.ttfb_ms
+    record["ttft_ms"] = ex.ttft_ms
+    record["duration_ms"] = ex.duration_ms
+    record["chunks"] = ex.chunks
+    record["upstream_request_id"] = ex.upstream_request_id
+    record["key_hash"] = ex.key_hash
+    record["key_hint"] = ex.key_hint
+    record["user"] = ex.user
+    record["tags"] = ex.tags
+    record["replay_of"] = ex.replay_of
+    record["session"] = ex.session
+    record["usage"] = ex.usage
+    record["usage_source"] = ex.usage_source
+    record["response_model"] = ex.response_model
+    record["system_fingerprint"] = ex.system_fingerprint
+    record["parse_errors"] = ex.parse_errors
+    record["omit_request"] = ex.omit_request
+    record["omit_response"] = ex.omit_response
+    record["traceparent"] = ex.traceparent
+    record["raw_stream_gz"] = _base64(bodies.raw_stream_gz)
+    record["raw_pacing"] = ex.raw_pacing
+    record["redacted"] = ex.redacted
+    record["tokens"] = None if ex.tokens is None else list(ex.tokens)
+    record["service_tier"] = ex.service_tier
+    record["batch"] = ex.batch
+    record["cost_usd"] = ex.cost_usd
+    record["price_entry"] = ex.price_entry
+    record["batch_line"] = ex.batch_line
     line = {"v": _VERSION, "exchange": record}
     try:
         return orjson.dumps(line) + b"\n"

@@ -1,6 +1,6 @@
 """A write batch's rows as the drivers take them: each exchange once, those not stored yet,
-tuples in each table's column order (the one place that order matters), fingerprint counts
-merged. Used by both writers (`sqlite_writer`, `pg_writer`)."""
+tuples in each table's column order (`rows` builds them so), fingerprint counts merged. Used
+by both writers (`sqlite_writer`, `pg_writer`)."""
 
 from __future__ import annotations
 
@@ -35,33 +35,23 @@ def not_stored(by_id: dict[str, Rows], stored: Iterable[str]) -> list[Rows]:
     return [rows for exchange_id, rows in by_id.items() if exchange_id not in known]
 
 
-_CHILDREN = (
-    (t.tags, "tags"),
-    (t.completions, "completions"),
-    (t.choices, "choices"),
-    (t.usage, "usage"),
-    (t.raw_streams, "raw_streams"),
-)
+_CHILDREN = ("tags", "completions", "choices", "usage", "raw_streams", "logprobs")
 
 
 def table_records(fresh: Sequence[Rows]) -> Iterator[tuple[sa.Table, list[Record]]]:
     """(table, records) to insert for exchanges not stored yet, parents first, none empty;
-    each record a tuple of the table's columns in declared order."""
+    each record a tuple of the table's columns in declared order (as `rows_for` builds it)."""
     # map and chain: a batch's hundreds of rows gathered without a Python step each.
     if fresh:
-        yield t.exchanges, list(map(_EXCHANGE, fresh))  # built as records (`rows_for`)
+        yield t.exchanges, list(map(_EXCHANGE, fresh))
     for table, get in _CHILDREN_OF:
         children = list(chain.from_iterable(map(get, fresh)))
         if children:
-            yield table, records(table, children)
-    logprobs = list(chain.from_iterable(map(_LOGPROBS, fresh)))
-    if logprobs:
-        yield t.logprobs, logprobs
+            yield table, children
 
 
 _EXCHANGE = attrgetter("exchange")
-_CHILDREN_OF = tuple((table, attrgetter(attr)) for table, attr in _CHILDREN)
-_LOGPROBS = attrgetter("logprobs")
+_CHILDREN_OF = tuple((t.metadata.tables[name], attrgetter(name)) for name in _CHILDREN)
 
 
 def columns(table: sa.Table) -> list[str]:

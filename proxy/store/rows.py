@@ -1,22 +1,24 @@
-"""Exchanges into rows: pure, no I/O. A child table's row is a dict keyed by its column names;
-the exchange's own row is built straight as the drivers' tuple (`Record`, in `tables.exchanges`
-order, read by index through `tables.EXCHANGE_AT`): its forty columns as a dict cost more
-to build and to turn into that tuple than the rest of the row building (docs/performance.md).
+"""Exchanges into rows: pure, no I/O. Every row the writers insert is built straight as the
+drivers' tuple (`Record`), in its table's column order: the exchange's own row (read by index
+through `tables.EXCHANGE_AT`) and its children's (tags, completion, choices, usage, logprobs,
+raw stream; `named` reads one by column name). Rows as dicts cost more to build and to turn
+into those tuples than the rest of the row building (docs/performance.md).
 
 `rows_for` builds every row of one exchange (the exchange, tags, completion, choices, usage,
 logprobs, raw stream, fingerprint count) from the exchange's settled figures: its decoded
 usage, cost and price entry (`proxy.sinks.settle`). Row building tolerates any JSON shape: a
 vendor's odd response loses its projection rows, never its record. The writers
-(`sqlite_writer`, `pg_writer`) take child rows by name; `store.records` turns a batch of them
-into the drivers' tuples in the table's column order.
+(`sqlite_writer`, `pg_writer`) take a batch's records table by table (`store.records`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from operator import attrgetter
 from typing import Any
+
+import sqlalchemy as sa
 
 from proxy.exchange import Exchange
 from proxy.store import tables as t
@@ -36,18 +38,17 @@ _INT64 = 2**63
 
 @dataclass(slots=True)
 class Rows:
-    """One exchange's rows, by table."""
+    """One exchange's rows, by table: each a record in its table's column order."""
 
     exchange: Record
-    """The `exchanges` row as the drivers take it: `tables.exchanges`' columns in order, times
-    as aware datetimes (`exchange_fields` names them)."""
-    tags: list[Row] = field(default_factory=list)
-    completions: list[Row] = field(default_factory=list)
-    choices: list[Row] = field(default_factory=list)
-    usage: list[Row] = field(default_factory=list)
-    logprobs: list[Record] = field(default_factory=list)
-    """Already the drivers' tuples (`store.logprob_rows`): a row per token."""
-    raw_streams: list[Row] = field(default_factory=list)
+    """The `exchanges` row, times as aware datetimes (`exchange_fields` names its columns)."""
+    tags: Sequence[Record] = ()
+    completions: Sequence[Record] = ()
+    choices: Sequence[Record] = ()
+    usage: Sequence[Record] = ()
+    logprobs: Sequence[Record] = ()
+    """A row per token (`store.logprob_rows`)."""
+    raw_streams: Sequence[Record] = ()
     fingerprint: Row | None = None
     """A `fingerprints` row counting this exchange once; the writers merge and upsert them."""
     batch: BatchRows | None = None
@@ -59,6 +60,11 @@ class Rows:
     @property
     def id(self) -> str:
         return str(self.exchange[0])
+
+
+def named(table: sa.Table, record: Record) -> Row:
+    """A record of `table` (a child row of `Rows`) by column name."""
+    return dict(zip(table.columns.keys(), record, strict=True))
 
 
 def _int(value: Any, limit: int = _INT32) -> int | None:
@@ -131,46 +137,54 @@ def rows_for(ex: Exchange) -> Rows:
 
 
 def _rows(ex: Exchange) -> Rows:
-    response = _dict(ex.response_json)
+    response = ex.response_json
+    if response.__class__ is not dict:
+        response = _dict(response)
     usage = ex.usage if isinstance(ex.usage, dict) else _dict(response.get("usage")) or None
     bodies = stored_bodies(ex)
-    rows = Rows(_exchange_row(ex, response, bodies))
+    exchange = _exchange_row(ex, response, bodies)
     exchange_id = ex.id
+    tags: Sequence[Record] = ()
     if ex.tags:
-        rows.tags = [
-            {"exchange_id": exchange_id, "key": _text(key), "value": _text(value) or ""}
+        tags = [
+            (exchange_id, _text(key), _text(value) or "")
             for key, value in ex.tags.items()
             if isinstance(key, str)
         ]
-    if usage is not None:
-        rows.usage.append(usage_row(exchange_id, usage, ex.tokens))
+    usages = () if usage is None else (usage_row(exchange_id, usage, ex.tokens),)
+    completions: Sequence[Record] = ()
+    choices: Sequence[Record] = ()
+    logprobs: list[Record] = []
     # Choices and logprobs are the response's content: an omitted response has none of them.
-    if _is_chat_completion(response) and not ex.omit_response:
-        _completion_rows(exchange_id, response, rows)
-    elif response.get("object") == "text_completion" and not ex.omit_response:
+    if ex.omit_response:
+        pass
+    elif _is_chat_completion(response):
+        completions, choices = _completion_rows(exchange_id, response, logprobs)
+    elif response.get("object") == "text_completion":
         for index, tokens in completion_tokens(response):
-            rows.logprobs.extend(logprob_records(exchange_id, index, "content", tokens))
+            logprobs += logprob_records(exchange_id, index, "content", tokens)
     gz = bodies.raw_stream_gz
-    if gz is not None:
-        pacing = ex.raw_pacing
-        if not isinstance(pacing, list):
-            pacing_json = None
-        elif _PAIRS.issuperset(map(type, pacing)):  # JSON writes a tuple as it writes a list
-            pacing_json = dumps(pacing)
-        else:
-            pacing_json = dumps([list(p) for p in pacing])
-        rows.raw_streams.append({"exchange_id": exchange_id, "gz": gz, "pacing": pacing_json})
-    row = rows.exchange
-    if row[_FINGERPRINT] is not None:
-        rows.fingerprint = {
-            "upstream": row[_UPSTREAM],
-            "model": row[_RESPONSE_MODEL] or row[_MODEL] or "",
-            "system_fingerprint": row[_FINGERPRINT],
-            "first_seen": row[_STARTED_AT],
-            "last_seen": row[_STARTED_AT],
+    streams = () if gz is None else ((exchange_id, gz, _pacing(ex.raw_pacing)),)
+    fingerprint = None
+    if exchange[_FINGERPRINT] is not None:
+        fingerprint = {
+            "upstream": exchange[_UPSTREAM],
+            "model": exchange[_RESPONSE_MODEL] or exchange[_MODEL] or "",
+            "system_fingerprint": exchange[_FINGERPRINT],
+            "first_seen": exchange[_STARTED_AT],
+            "last_seen": exchange[_STARTED_AT],
             "count": 1,
         }
-    return rows
+    return Rows(exchange, tags, completions, choices, usages, logprobs, streams, fingerprint)
+
+
+def _pacing(pacing: Any) -> str | None:
+    """A stream's pacing as JSON lists of pairs."""
+    if not isinstance(pacing, list):
+        return None
+    if _PAIRS.issuperset(map(type, pacing)):  # JSON writes a tuple as it writes a list
+        return dumps(pacing)
+    return dumps([list(p) for p in pacing])
 
 
 _UPSTREAM, _MODEL, _RESPONSE_MODEL, _FINGERPRINT, _STARTED_AT = (
@@ -185,23 +199,43 @@ def exchange_fields(record: Record) -> Row:
     return dict(zip(_COLUMNS, record, strict=True))
 
 
-_EXCHANGE_TEXTS = attrgetter(
-    *("method", "path", "query", "upstream", "upstream_url", "model", "response_model"),
-    *("outcome", "error", "content_type", "upstream_request_id", "key_hash", "key_hint"),
-    *("user", "replay_of", "usage_source", "system_fingerprint", "price_entry", "session"),
-    "service_tier",
-)
-_EXCHANGE_FLOATS = attrgetter("ttfb_ms", "ttft_ms", "duration_ms", "cost_usd")
+def _exchange_values(ex: Exchange) -> tuple[Any, ...]:
+    """The fields of the text columns, each as `_text` makes it, then those of the float
+    columns, each as `_float` makes it. Read one by one, not by an attrgetter: the
+    interpreter reads a slot without a lookup by name."""
+    return _texts(
+        (
+            ex.method,
+            ex.path,
+            ex.query,
+            ex.upstream,
+            ex.upstream_url,
+            ex.model,
+            ex.response_model,
+            ex.outcome,
+            ex.error,
+            ex.content_type,
+            ex.upstream_request_id,
+            ex.key_hash,
+            ex.key_hint,
+            ex.user,
+            ex.replay_of,
+            ex.usage_source,
+            ex.system_fingerprint,
+            ex.price_entry,
+            ex.session,
+            ex.service_tier,
+        )
+    ) + _floats((ex.ttfb_ms, ex.ttft_ms, ex.duration_ms, ex.cost_usd))
 
 
 def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Record:
     """The `exchanges` record in `tables.exchanges`' column order (tests/store checks it)."""
-    texts = _texts(_EXCHANGE_TEXTS(ex))
-    method, path, query, upstream, upstream_url, model, response_model = texts[:7]
-    outcome, error, content_type, upstream_request_id, key_hash, key_hint = texts[7:13]
-    user, replay_of, usage_source, system_fingerprint, price_entry, session = texts[13:19]
-    service_tier = texts[19]
-    ttfb_ms, ttft_ms, duration_ms, cost_usd = _floats(_EXCHANGE_FLOATS(ex))
+    values = _exchange_values(ex)
+    method, path, query, upstream, upstream_url, model, response_model = values[:7]
+    outcome, error, content_type, upstream_request_id, key_hash, key_hint = values[7:13]
+    user, replay_of, usage_source, system_fingerprint, price_entry, session = values[13:19]
+    service_tier, ttfb_ms, ttft_ms, duration_ms, cost_usd = values[19:]
     turn_key, parent_key = keys(ex.request_json, response)
     status: int | None = ex.status  # `_int` only for what is not a plain int in range
     response_bytes: int | None = ex.response_bytes
@@ -256,33 +290,33 @@ def _exchange_row(ex: Exchange, response: dict[str, Any], bodies: Bodies) -> Rec
     )
 
 
-def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Row:
+def usage_row(exchange_id: str, usage: dict[str, Any], tokens: Usage | None) -> Record:
     """The usage as reported (`raw`) and as decoded (`tokens`: None for a shape we cannot
-    read, whose columns stay empty)."""
+    read, whose columns stay empty), in `tables.usage`' column order."""
     values: tuple[int | None, ...] = _NO_TOKENS if tokens is None else tokens
     # Decoded counts are never negative; one past the column's range is not kept.
     if max(filter(None, values), default=0) >= _INT32:
         values = tuple(v if v is None or v < _INT32 else None for v in values)
     (input_, cached, cache_write, input_audio, cached_audio, input_image, cached_image) = values[:7]
     (output, reasoning, output_audio, output_image, total, accepted, rejected) = values[7:]
-    return {
-        "exchange_id": exchange_id,
-        "prompt_tokens": input_,
-        "completion_tokens": output,
-        "total_tokens": total,
-        "cached_tokens": cached,
-        "prompt_audio_tokens": input_audio,
-        "reasoning_tokens": reasoning,
-        "completion_audio_tokens": output_audio,
-        "accepted_prediction_tokens": accepted,
-        "rejected_prediction_tokens": rejected,
-        "raw": dumps(usage),
-        "cache_write_tokens": cache_write,
-        "cached_audio_tokens": cached_audio,
-        "prompt_image_tokens": input_image,
-        "cached_image_tokens": cached_image,
-        "completion_image_tokens": output_image,
-    }
+    return (
+        exchange_id,
+        input_,  # prompt_tokens
+        output,  # completion_tokens
+        total,  # total_tokens
+        cached,  # cached_tokens
+        input_audio,  # prompt_audio_tokens
+        reasoning,  # reasoning_tokens
+        output_audio,  # completion_audio_tokens
+        accepted,  # accepted_prediction_tokens
+        rejected,  # rejected_prediction_tokens
+        dumps(usage),  # raw
+        cache_write,  # cache_write_tokens
+        cached_audio,  # cached_audio_tokens
+        input_image,  # prompt_image_tokens
+        cached_image,  # cached_image_tokens
+        output_image,  # completion_image_tokens
+    )
 
 
 _NO_TOKENS = (None,) * len(Usage._fields)
@@ -295,41 +329,51 @@ def _is_chat_completion(response: dict[str, Any]) -> bool:
     return isinstance(found, list) and any("message" in _dict(c) for c in found)
 
 
-def _completion_rows(exchange_id: str, response: dict[str, Any], rows: Rows) -> None:
-    rows.completions.append(
-        {
-            "exchange_id": exchange_id,
-            "completion_id": _text(response.get("id")),
-            "object": _text(response.get("object")),
-            "created": _int(response.get("created"), _INT64),
-            "model": _text(response.get("model")),
-            "system_fingerprint": _text(response.get("system_fingerprint")),
-            "service_tier": _text(response.get("service_tier")),
-        }
+def _completion_rows(
+    exchange_id: str, response: dict[str, Any], logprobs: list[Record]
+) -> tuple[list[Record], list[Record]]:
+    """The `completions` and `choices` records of a chat completion; its logprob records go
+    into `logprobs`."""
+    get = response.get
+    completion_id, object_, model, fingerprint, tier = _texts(
+        (get("id"), get("object"), get("model"), get("system_fingerprint"), get("service_tier"))
     )
-    found = response.get("choices")
+    created = _int(get("created"), _INT64)
+    completions = [(exchange_id, completion_id, object_, created, model, fingerprint, tier)]
+    found = get("choices")
     seen: set[int] = set()
+    choices = []
     for position, raw in enumerate(found if isinstance(found, list) else []):
-        choice = _dict(raw)
+        choice = raw if raw.__class__ is dict else _dict(raw)
         index = _int(choice.get("index"))
         index = position if index is None or index in seen else index
         seen.add(index)
         message = _dict(choice.get("message"))
-        rows.choices.append(
-            {
-                "exchange_id": exchange_id,
-                "choice_index": index,
-                "role": _text(message.get("role")),
-                "content": _text(message.get("content")),
-                "refusal": _text(message.get("refusal")),
-                "finish_reason": _text(choice.get("finish_reason")),
-                "tool_calls": _json(message.get("tool_calls")),
-                "function_call": _json(message.get("function_call")),
-                "audio": _json(message.get("audio")),
-            }
+        role, content, refusal, finish_reason = _texts(
+            (
+                message.get("role"),
+                message.get("content"),
+                message.get("refusal"),
+                choice.get("finish_reason"),
+            )
         )
-        logprobs = _dict(choice.get("logprobs"))
-        for kind in ("content", "refusal"):
-            tokens = logprobs.get(kind)
-            if isinstance(tokens, list):
-                rows.logprobs.extend(logprob_records(exchange_id, index, kind, tokens))
+        choices.append(
+            (
+                exchange_id,
+                index,  # choice_index
+                role,
+                content,
+                refusal,
+                finish_reason,
+                _json(message.get("tool_calls")),
+                _json(message.get("function_call")),
+                _json(message.get("audio")),
+            )
+        )
+        found_logprobs = choice.get("logprobs")
+        if isinstance(found_logprobs, dict):
+            for kind in ("content", "refusal"):
+                tokens = found_logprobs.get(kind)
+                if isinstance(tokens, list):
+                    logprobs += logprob_records(exchange_id, index, kind, tokens)
+    return completions, choices

@@ -10,7 +10,8 @@ from typing import Any
 from proxy.pricing import Prices
 from proxy.sinks.settle import settle
 from proxy.store import facets
-from proxy.store.rows import Rows, exchange_fields, rows_for
+from proxy.store import tables as t
+from proxy.store.rows import Rows, exchange_fields, named, rows_for
 from tests.dbs import chat_exchange
 
 HOUR = 3600.0
@@ -19,8 +20,8 @@ HOUR = 3600.0
 def _one_by_one(batch: list[Rows]) -> list[list[Any]]:
     into: dict[facets.FacetKey, list[Any]] = {}
     for rows in batch:
-        usage = rows.usage[0] if rows.usage else None
-        tags = [(tag["key"], tag["value"]) for tag in rows.tags]
+        usage = named(t.usage, rows.usage[0]) if rows.usage else None
+        tags = [(tag[1], tag[2]) for tag in rows.tags]
         facets.add(into, exchange_fields(rows.exchange), usage, tags)
     return [into[key] for key in sorted(into)]
 

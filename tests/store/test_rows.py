@@ -10,7 +10,7 @@ import pytest
 
 from proxy.store import rows as r
 from proxy.store import tables as t
-from proxy.store.records import columns
+from proxy.store.logprob_rows import _list_json, logprob_records
 from proxy.store.threads import keys
 from proxy.text import dumps
 from proxy.usage import Usage
@@ -68,7 +68,10 @@ def test_each_float_column_is_what_float_makes_of_its_field(field: str, value: A
 
 def test_a_usage_row_keeps_each_count_in_its_column_and_drops_one_past_the_range() -> None:
     counts = Usage(*(i + 1 for i in range(len(Usage._fields))))
-    row = r.usage_row("x", {"prompt_tokens": 1}, counts._replace(reasoning=2**31, total=2**31 - 1))
+    record = r.usage_row(
+        "x", {"prompt_tokens": 1}, counts._replace(reasoning=2**31, total=2**31 - 1)
+    )
+    row = r.named(t.usage, record)
     assert row == {
         "exchange_id": "x",
         "prompt_tokens": counts.input,
@@ -87,8 +90,7 @@ def test_a_usage_row_keeps_each_count_in_its_column_and_drops_one_past_the_range
         "cached_image_tokens": counts.cached_image,
         "completion_image_tokens": counts.output_image,
     }
-    assert list(row) == ["exchange_id", *columns(t.usage)[1:]]
-    assert r.usage_row("x", {}, None) == {
+    assert r.named(t.usage, r.usage_row("x", {}, None)) == {
         **dict.fromkeys(row, None),
         "exchange_id": "x",
         "raw": "{}",
@@ -135,7 +137,7 @@ class Pair(tuple[int, float]):
 def test_a_streams_pacing_is_stored_as_json_lists_of_pairs(pacing: list[Any]) -> None:
     ex = chat_exchange()
     ex.raw_stream_gz, ex.raw_pacing = b"gz", pacing
-    stored = r.rows_for(ex).raw_streams[0]["pacing"]
+    stored = r.named(t.raw_streams, r.rows_for(ex).raw_streams[0])["pacing"]
     assert stored == dumps([list(p) for p in pacing])
 
 
@@ -168,3 +170,70 @@ def test_the_exchange_record_holds_each_value_in_its_own_column() -> None:
     assert {name: row[name] for name in expected} == expected
     assert row["started_at"].timestamp() == pytest.approx(ex.started_at, abs=1e-6)
     assert set(row) - set(expected) == {"started_at"}
+
+
+def test_each_child_record_holds_each_value_in_its_own_column() -> None:
+    """The child rows are built as tuples too: each column's value differs from its
+    neighbours', so two swapped in `rows.py` fail here."""
+    ex = chat_exchange(tags={"team": "blue"})
+    ex.raw_stream_gz, ex.raw_pacing = b"gz", [(1, 2.0)]
+    answer: dict[str, Any] = {"role": "assistant", "content": "hi", "refusal": "no"}
+    answer |= {"audio": {"id": "a"}, "tool_calls": [{"id": "t"}], "function_call": {"name": "f"}}
+    ex.response_json = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 17,
+        "model": "m-1",
+        "system_fingerprint": "fp-1",
+        "service_tier": "tier-1",
+        "choices": [{"index": 3, "message": answer, "finish_reason": "length"}],
+    }
+    ex.response_body = None
+    rows = r.rows_for(ex)
+    assert [r.named(t.tags, tag) for tag in rows.tags] == [
+        {"exchange_id": ex.id, "key": "team", "value": "blue"}
+    ]
+    assert [r.named(t.completions, row) for row in rows.completions] == [
+        {
+            "exchange_id": ex.id,
+            "completion_id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 17,
+            "model": "m-1",
+            "system_fingerprint": "fp-1",
+            "service_tier": "tier-1",
+        }
+    ]
+    assert [r.named(t.choices, row) for row in rows.choices] == [
+        {
+            "exchange_id": ex.id,
+            "choice_index": 3,
+            "role": "assistant",
+            "content": "hi",
+            "refusal": "no",
+            "finish_reason": "length",
+            "tool_calls": '[{"id":"t"}]',
+            "function_call": '{"name":"f"}',
+            "audio": '{"id":"a"}',
+        }
+    ]
+    assert [r.named(t.raw_streams, row) for row in rows.raw_streams] == [
+        {"exchange_id": ex.id, "gz": b"gz", "pacing": "[[1,2.0]]"}
+    ]
+
+
+def test_a_tokens_json_columns_are_what_list_json_makes_of_each() -> None:
+    """Two plain lists are serialised at once; anything else (a value that is not a list, one
+    orjson refuses) goes through `_list_json`, each column on its own."""
+    tokens: list[Any] = [
+        {"token": "a", "bytes": [97], "top_logprobs": [{"token": "a", "logprob": -1.0}]},
+        {"token": "b", "bytes": "98", "top_logprobs": [{"n": 1 << 70}]},
+        {"token": "c", "bytes": [99], "top_logprobs": [{1: 2}]},
+        {"token": "d", "bytes": None, "top_logprobs": ()},
+    ]
+    found = logprob_records("x", 0, "content", tokens)
+    assert [record[6:] for record in found] == [
+        (_list_json(token["bytes"]), _list_json(token["top_logprobs"])) for token in tokens
+    ]
+    assert found[1][6:] == (None, '[{"n": 1180591620717411303424}]')
+    assert found[2][6:] == ("[99]", '[{"1":2}]')

@@ -267,11 +267,7 @@ def test_every_record_holds_exactly_its_tables_columns() -> None:
     ex = chat_exchange(tags={"team": "a"}, logprobs=["x", "\x00y"])
     ex.raw_stream_gz, ex.raw_pacing = gzip.compress(b"data: [DONE]\n\n"), [(0, 1.0)]
     rows = rows_for(ex)
-    for table in (t.exchanges, t.tags, t.completions, t.choices, t.usage, t.raw_streams):
-        found = (
-            [exchange_fields(rows.exchange)] if table is t.exchanges else getattr(rows, table.name)
-        )
-        assert [list(row) for row in found] == [columns(table)], table.name
+    assert list(exchange_fields(rows.exchange)) == columns(t.exchanges)
     built = dict(table_records([rows]))
     assert len(built) == 7  # the exchange and every child table
     for table, records in built.items():
