@@ -62,7 +62,12 @@ def _message(value: Any) -> list[Any]:
 
 
 def _digest(messages: Iterable[Any]) -> str:
-    body = orjson.dumps([_message(m) for m in messages], option=orjson.OPT_NON_STR_KEYS)
+    return _hashed([_message(m) for m in messages])
+
+
+def _hashed(normalised: list[list[Any]]) -> str:
+    """The key of messages as `_message` gives them."""
+    body = orjson.dumps(normalised, option=orjson.OPT_NON_STR_KEYS)
     return "chat:" + hashlib.sha256(body).hexdigest()[:32]
 
 
@@ -82,16 +87,18 @@ def keys(request: Any, response: Any) -> tuple[str | None, str | None]:
 
 
 def _chat_keys(messages: list[Any], response: Any) -> tuple[str | None, str | None]:
+    # Each message is read once, for both keys: an agent's request carries its whole history.
+    normalised = [_message(m) for m in messages]
     parent = None
     for last in range(len(messages) - 1, -1, -1):  # the last assistant message
         message = messages[last]
         if isinstance(message, dict) and message.get("role") == "assistant":
-            parent = _digest(messages[: last + 1])
+            parent = _hashed(normalised[: last + 1])
             break
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
     answer = first.get("message") if isinstance(first, dict) else None
-    turn = _digest([*messages, answer]) if isinstance(answer, dict) else None
+    turn = _hashed([*normalised, _message(answer)]) if isinstance(answer, dict) else None
     return turn, parent
 
 
