@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import orjson
@@ -311,3 +311,10 @@ def test_a_journal_line_holds_every_field_of_the_exchange_in_its_order() -> None
     for f in fields(Exchange):
         if f.name not in ("request_body", "response_json", "response_body", "raw_stream_gz"):
             assert getattr(back, f.name) == getattr(ex, f.name), f.name
+    # The line starts from a dict of every key: a field `encode` forgot would still be there,
+    # as null. Each field, set alone to a value of its own, must reach the line.
+    bodies = {"request_body", "request_json", "response_body", "response_json", "raw_stream_gz"}
+    for f in fields(Exchange):
+        if f.name not in bodies:
+            marked = orjson.loads(encode(replace(ex, **{f.name: "marked"})))["exchange"]
+            assert marked[f.name] in ("marked", list("marked")), f.name
