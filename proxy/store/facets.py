@@ -184,7 +184,7 @@ def of_batch(fresh: Iterable[Any]) -> list[list[Any]]:
         tags = tuple([(tag[1], tag[2]) for tag in rows.tags]) if rows.tags else ()
         at = record[_STARTED_AT]
         # A UTC hour as its numbers: a datetime's hash looks up its offset, and `span_start`
-        # builds one, each dearer than all of the exchange's sums.
+        # builds a datetime; the hour's datetime is built once a group instead.
         if at.tzinfo is UTC:
             shared = (*_SHARED(record), tags, at.hour, at.day, at.month, at.year)
         else:
