@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -316,5 +317,6 @@ def test_a_journal_line_holds_every_field_of_the_exchange_in_its_order() -> None
     bodies = {"request_body", "request_json", "response_body", "response_json", "raw_stream_gz"}
     for f in fields(Exchange):
         if f.name not in bodies:
-            marked = orjson.loads(encode(replace(ex, **{f.name: "marked"})))["exchange"]
+            mark: dict[str, Any] = {f.name: "marked"}
+            marked = orjson.loads(encode(replace(ex, **mark)))["exchange"]
             assert marked[f.name] in ("marked", list("marked")), f.name
