@@ -104,15 +104,7 @@ class StreamTee:
         now) and have it read; False once the client has gone. `last`: the upstream's body has
         ended with this piece."""
         if self._withholder is None:
-            # `_send` written out: a coroutine less for every piece of every body.
-            delivered = False
-            if self._client_here:
-                try:
-                    await self._write(piece)
-                    delivered = True
-                except _GONE:
-                    self._gone()
-            self._read_later(piece, delivered, None, last=last)
+            self._read_later(piece, await self._send(piece), None, last=last)
             return self._client_here
         ahead = self._whole_events(piece)
         if ahead:
