@@ -307,7 +307,12 @@ def _turns(con: sqlite3.Connection, wanted: list[str]) -> dict[str, tuple[str, s
 def _insert(con: sqlite3.Connection, table: sa.Table, found: list[Record]) -> None:
     """One multi-row INSERT (its text cached by size, so sqlite3's statement cache keeps it
     prepared), not `executemany`: sqlite3 resets the statement and gives up the GIL around
-    every step, a step per row, and that cost more CPU a row (docs/performance.md)."""
+    every step, a step per row, and that cost more CPU a row (docs/performance.md).
+
+    `OR FAIL`: a refused row ends the statement and keeps the rows before it, where the
+    default (`ABORT`) undoes them, for which SQLite copies every page the statement changes
+    into a statement journal, a temporary file past 64 KiB. Nothing needs that undo: a failed
+    INSERT fails the batch, and its whole transaction is rolled back (`_abandon`)."""
     con.execute(_insert_sql(table, len(found)), _insert_values(table, found))
 
 
@@ -345,7 +350,7 @@ def sqlite_null() -> float | None:
 def _insert_sql(table: sa.Table, count: int) -> str:
     names = ", ".join(f'"{name}"' for name in columns(table))
     row = "(" + ", ".join("?" * len(table.columns)) + ")"
-    return f'INSERT INTO "{table.name}" ({names}) VALUES ' + ", ".join([row] * count)
+    return f'INSERT OR FAIL INTO "{table.name}" ({names}) VALUES ' + ", ".join([row] * count)
 
 
 def _sqlite_records(table: sa.Table, found: list[Record]) -> list[tuple[Any, ...]]:

@@ -163,6 +163,33 @@ async def test_the_writer_skips_key_checks_its_batches_cannot_fail(db_path: Path
         assert con.execute("SELECT count(*) FROM logprobs").fetchone()[0] == 4
 
 
+async def test_a_row_refused_halfway_through_an_insert_leaves_nothing_of_its_batch(
+    db_path: Path,
+) -> None:
+    """The multi-row INSERTs are `OR FAIL` (rows before the refused one are kept by the
+    statement, so SQLite keeps no copy of the pages it changes to undo it): the writer's
+    rollback of the whole transaction is what leaves nothing behind, and the connection
+    writes the next batch."""
+    writer = SqliteWriter(str(db_path), 1000)
+    refused = [rows_for(chat_exchange(tags={"team": "x"})) for _ in range(3)]
+    # The second exchange's choice twice: its key is refused in the middle of the INSERT,
+    # after the first exchange's choice and all three exchanges' rows went in.
+    refused[1].choices = [*refused[1].choices, *refused[1].choices]
+    later = [chat_exchange() for _ in range(2)]
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            await writer.write(refused)
+        assert await writer.write([rows_for(ex) for ex in later]) == 2
+    finally:
+        await writer.close()
+    with contextlib.closing(sqlite3.connect(db_path)) as con:
+        stored = {row[0] for row in con.execute("SELECT id FROM exchanges")}
+        assert stored == {ex.id for ex in later}
+        for table in ("tags", "choices", "completions", "usage"):
+            left = con.execute(f"SELECT DISTINCT exchange_id FROM {table}").fetchall()
+            assert {row[0] for row in left} <= stored, table
+
+
 async def test_a_big_batch_gives_the_loop_turns_while_it_is_written(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
