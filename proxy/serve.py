@@ -27,7 +27,7 @@ from proxy.store.retention import background
 log = logging.getLogger(__name__)
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Tune the cyclic garbage collector for a long-running server (docs/performance.md).
 
     Everything alive after start-up (SQLAlchemy, alembic, aiohttp and their caches) lives as
@@ -60,7 +60,7 @@ async def run(
         watcher = Watcher(config, app[APP_BLOCKED], metrics.registry)
         app.cleanup_ctx.append(alerts_background(watcher, config.db_url))
     runner = make_runner(app, config)
-    _tune_gc()
+    tune_gc()
     await runner.setup()
     # A burst of new connections waits in the kernel's accept queue until the loop takes it;
     # aiohttp's default of 128 overflows, and the kernel then drops connections that clients
