@@ -12,6 +12,8 @@ Nothing here may hold the loop for long:
   raised as the database being unavailable, which sends the batch to the spool;
 - WAL checkpoints, which copy the log into the database file and fsync it, are off on this
   connection; one runs at most once a second on a worker thread with its own connection.
+  Beside a writer that never pauses it cannot copy the whole log, and the log grows: past
+  `WAL_CATCH_UP_BYTES` the writer waits for one between two batches.
   A checkpoint that fails (the file made read-only under the proxy) or a log that keeps
   growing is a warning at once, then at most once a minute: the log grows with every write
   until checkpoints work again.
@@ -24,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -49,6 +49,7 @@ from proxy.store.records import (
 )
 from proxy.store.rows import Rows
 from proxy.store.turns import Turns
+from proxy.store.wal import WalWatch, checkpoint, log_size
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,9 @@ CHECKPOINT_EVERY = 1.0
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
 """A log grown past this (a reader kept it from restarting) is cut back to it at its next
 restart (`journal_size_limit`), so its size on disk says how it is doing now."""
-WAL_WARN_BYTES = 256 * 1024 * 1024
-"""A log past this size that is still growing is reported: checkpoints are not keeping up."""
-WARN_EVERY = 60.0
-"""Seconds between two warnings about the log while the trouble lasts."""
+WAL_CATCH_UP_BYTES = 128 * 1024 * 1024
+"""A log past this size after a batch is checkpointed before the next batch, while nothing is
+written, so that it starts again (`_checkpoint_between_batches`)."""
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _FACETS = facets.upsert_sql("sqlite")
 
@@ -83,61 +83,6 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in _BUSY
     return "locked" in str(exc)
-
-
-def _checkpoint(path: str) -> None:
-    """A passive checkpoint: copies what it can without waiting for readers or writers."""
-    with contextlib.closing(sqlite3.connect(path, timeout=5.0, isolation_level=None)) as con:
-        con.execute("PRAGMA wal_checkpoint(PASSIVE)")
-
-
-class WalWatch:
-    """Tells the operator when WAL checkpoints fail or the log keeps growing: at once when the
-    trouble starts, then at most every `WARN_EVERY` seconds, never once per batch."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.wal = f"{path}-wal"
-        self._failing = False
-        self._warned_at = -math.inf
-        self._warned_size = WAL_WARN_BYTES
-
-    def checked(self, now: float, error: str | None) -> None:
-        """After each checkpoint: `error` is why it failed, None when it ran."""
-        size = _size(self.wal)
-        quiet = now - self._warned_at < WARN_EVERY
-        if error is not None:
-            if not self._failing or not quiet:
-                log.warning(
-                    "WAL checkpoint of %s failing (%s): its log %s holds %.1f MB and grows with "
-                    "every write until a checkpoint succeeds",
-                    self.path,
-                    error,
-                    self.wal,
-                    size / 1e6,
-                )
-                self._warned_at = now
-            self._failing = True
-        elif self._failing:
-            self._failing = False
-            log.info("WAL checkpoint of %s works again", self.path)
-        elif size > self._warned_size and not quiet:
-            log.warning(
-                "the SQLite log %s has grown to %.1f MB: checkpoints cannot bring it back to "
-                "its start while readers use it (a long query or an open transaction)",
-                self.wal,
-                size / 1e6,
-            )
-            self._warned_at, self._warned_size = now, size
-        elif size <= WAL_WARN_BYTES:
-            self._warned_size = WAL_WARN_BYTES
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 class SqliteWriter:
@@ -207,7 +152,10 @@ class SqliteWriter:
         except BaseException as exc:
             self._abandon(con, exc)
             raise
-        self._maybe_checkpoint()
+        if log_size(self.path) > WAL_CATCH_UP_BYTES:
+            await self._checkpoint_between_batches()
+        else:
+            self._maybe_checkpoint()
         return len(fresh)
 
     @staticmethod
@@ -261,10 +209,21 @@ class SqliteWriter:
         self._last_checkpoint = now
         self._checkpointing = asyncio.create_task(self._run_checkpoint())
 
+    async def _checkpoint_between_batches(self) -> None:
+        """A checkpoint while nothing is written, so it copies the whole log and the next
+        transaction starts the log again from its beginning. One running beside the writes
+        never catches up with a writer that is always busy, and the log then grows by every
+        batch for as long as the load lasts."""
+        if self._checkpointing is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpointing
+        self._last_checkpoint = asyncio.get_running_loop().time()
+        await self._run_checkpoint()
+
     async def _run_checkpoint(self) -> None:
         error = None
         try:
-            await asyncio.to_thread(_checkpoint, self.path)
+            await asyncio.to_thread(checkpoint, self.path)
         except sqlite3.Error as exc:  # the records are committed to the log all the same
             error = describe(exc)
         finally:

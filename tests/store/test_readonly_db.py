@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.store import sqlite_writer, upgrade
+from proxy.store import sqlite_writer, upgrade, wal
 from proxy.store.rows import rows_for
 from proxy.store.sqlite_writer import SqliteWriter
 from tests.conftest import FakeUpstream, reserved_port
@@ -119,9 +119,9 @@ async def test_a_log_a_reader_keeps_growing_is_reported_once_a_minute(
 ) -> None:
     # Sizes and pace scaled down so a few batches show it: a warning past 1 MB, a checkpoint
     # after every batch.
-    monkeypatch.setattr(sqlite_writer, "WAL_WARN_BYTES", 1_000_000)
+    monkeypatch.setattr(wal, "WAL_WARN_BYTES", 1_000_000)
     monkeypatch.setattr(sqlite_writer, "CHECKPOINT_EVERY", 0.0)
-    caplog.set_level(logging.INFO, logger="proxy.store.sqlite_writer")
+    caplog.set_level(logging.INFO, logger="proxy.store.wal")
     reader = sqlite3.connect(db_path, isolation_level=None)
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM exchanges").fetchone()  # holds its snapshot

@@ -256,6 +256,31 @@ async def test_the_wal_is_checkpointed_by_the_writer(db_path: Path) -> None:
     reader.close()
 
 
+async def test_a_writer_always_busy_keeps_its_log_from_growing_without_end(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches back to back, a checkpoint due after every one: a checkpoint beside the writes
+    never copies the whole log, so the log could never start again and grew by each batch.
+    Once it is past `WAL_CATCH_UP_BYTES` the writer checkpoints between two batches, the log
+    starts again and is cut back to `WAL_LIMIT_BYTES`."""
+    limit = 1024 * 1024  # a batch below writes ~0.5 MB of log
+    monkeypatch.setattr(sqlite_writer, "WAL_LIMIT_BYTES", limit)
+    monkeypatch.setattr(sqlite_writer, "WAL_CATCH_UP_BYTES", limit)
+    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_EVERY", 0.0)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    wal = Path(f"{db_path}-wal")
+    sizes = []
+    try:
+        for _ in range(60):
+            batch = [chat_exchange(logprobs=["token"] * 40) for _ in range(10)]
+            await writer.write([rows_for(ex) for ex in batch])
+            sizes.append(file_size(wal))
+    finally:
+        await writer.close()
+    # Without the checkpoints between batches: ~30 MB, and growing.
+    assert max(sizes[-20:]) <= limit + 2 * max(sizes[0], 1), sizes
+
+
 async def test_an_error_other_than_busy_spools_and_reconnects(
     db_path: Path, tmp_path: Path
 ) -> None:
