@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.exchange import Exchange
@@ -31,6 +32,7 @@ from tests import dbs
 from tests.dbs import chat_exchange
 
 db_url = dbs.db_url  # fixture
+pg_url = dbs.pg_url  # fixture
 
 
 @pytest.fixture
@@ -440,3 +442,41 @@ async def test_a_json_body_is_stored_as_the_text_that_was_sent(engine: AsyncEngi
     assert stored == text.decode()
     shown = await get_exchange(engine, ex.id)
     assert list(shown["request"]) == ["model", "messages", "z", "a"]
+
+
+async def test_postgresql_compresses_long_bodies_with_lz4_where_it_has_it(pg_url: str) -> None:
+    """The writer's transactions ask the server for lz4 (faster to store than its default,
+    pglz); other sessions keep the server's default, and a value stored before stays pglz."""
+    await upgrade(pg_url)
+    engine = create_engine(pg_url)
+    try:
+        async with engine.connect() as conn:
+            if not (await conn.exec_driver_sql(pg_writer.TAKES_LZ4)).scalar():
+                pytest.skip("this PostgreSQL has no lz4 (before 14, or built without it)")
+        before = chat_exchange(content="an answer long enough to be compressed " * 100)
+        async with engine.begin() as conn:  # as a writer without the setting stored it
+            await pg_writer.write_in(conn, [rows_for(before)])
+        long = chat_exchange(content="an answer long enough to be compressed " * 100)
+        short = chat_exchange()
+        assert await write(engine, [long, short]) == 2
+        found = await rows(engine, "SELECT id, pg_column_compression(response) FROM exchanges")
+        assert dict(found) == {before.id: "pglz", long.id: "lz4", short.id: None}
+        assert await rows(engine, "SHOW default_toast_compression") == [("pglz",)]
+        # An operator's own choice (here the database's) is kept.
+        name = make_url(pg_url).database
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql(
+                f'ALTER DATABASE "{name}" SET default_toast_compression = pglz'
+            )
+            await conn.commit()
+        await engine.dispose()  # new sessions read the database's setting
+        chosen = chat_exchange(content="an answer long enough to be compressed " * 100)
+        assert await write(engine, [chosen]) == 1
+        found = await rows(
+            engine,
+            "SELECT pg_column_compression(response) FROM exchanges WHERE id = :id",
+            id=chosen.id,
+        )
+        assert found == [("pglz",)]
+    finally:
+        await engine.dispose()
