@@ -62,8 +62,9 @@ class PgWriter:
     Values over ~2 KB (bodies, above all a response with logprobs) are compressed by the
     server as they are stored, with pglz unless a column or the session says otherwise. The
     writer's transactions ask for lz4 where the server has it and its operator chose nothing,
-    which takes the server less time for somewhat more room (docs/performance.md). What is
-    stored already stays as it is; readers decompress either."""
+    which takes the server less time for somewhat more room (docs/performance.md). It asks
+    the server once, and again after a write fails. What is stored already stays as it is;
+    readers decompress either."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -71,12 +72,16 @@ class PgWriter:
 
     async def write(self, batch: Sequence[Rows]) -> int:
         """Write a batch in one transaction; returns how many exchanges were new."""
-        async with self.engine.begin() as conn:
-            if self._lz4 is None:
-                self._lz4 = bool((await conn.exec_driver_sql(TAKES_LZ4)).scalar())
-            if self._lz4:
-                await conn.exec_driver_sql(LZ4)
-            return await write_in(conn, batch)
+        try:
+            async with self.engine.begin() as conn:
+                if self._lz4 is None:
+                    self._lz4 = bool((await conn.exec_driver_sql(TAKES_LZ4)).scalar())
+                if self._lz4:
+                    await conn.exec_driver_sql(LZ4)
+                return await write_in(conn, batch)
+        except Exception:
+            self._lz4 = None  # asked again: the server may be another one now (a failover)
+            raise
 
     async def close(self) -> None:
         """Nothing of its own to close: the engine belongs to the caller."""

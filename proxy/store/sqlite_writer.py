@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -73,7 +74,11 @@ WAL_LIMIT_BYTES = 64 * 1024 * 1024
 restart (`journal_size_limit`), so its size on disk says how it is doing now."""
 WAL_CATCH_UP_BYTES = 128 * 1024 * 1024
 """A log past this size after a batch is checkpointed before the next batch, while nothing is
-written, so that it starts again (`_checkpoint_between_batches`)."""
+written, so that it starts again (`_catch_up`). Above `WAL_LIMIT_BYTES`, the size a log
+that started again is cut back to."""
+CATCH_UP_WAIT = 1.0
+"""Seconds the writer waits for such a checkpoint at most (less than the recorder's
+`STALLED_AFTER`); a longer one goes on beside the writes."""
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _FACETS = facets.upsert_sql("sqlite")
 
@@ -92,7 +97,8 @@ class SqliteWriter:
         self.path = path
         self._busy_timeout = busy_timeout_ms / 1000
         self._con: sqlite3.Connection | None = None
-        self._checkpointing: asyncio.Task[None] | None = None
+        self._checkpointing: asyncio.Task[bool] | None = None
+        self._catch_up_after = -math.inf
         self._last_checkpoint = 0.0
         self._wal = WalWatch(path)
 
@@ -152,8 +158,9 @@ class SqliteWriter:
         except BaseException as exc:
             self._abandon(con, exc)
             raise
-        if log_size(self.path) > WAL_CATCH_UP_BYTES:
-            await self._checkpoint_between_batches()
+        now = asyncio.get_running_loop().time()
+        if log_size(self.path) > WAL_CATCH_UP_BYTES and now >= self._catch_up_after:
+            await self._catch_up(now)
         else:
             self._maybe_checkpoint()
         return len(fresh)
@@ -209,26 +216,36 @@ class SqliteWriter:
         self._last_checkpoint = now
         self._checkpointing = asyncio.create_task(self._run_checkpoint())
 
-    async def _checkpoint_between_batches(self) -> None:
+    async def _catch_up(self, now: float) -> None:
         """A checkpoint while nothing is written, so it copies the whole log and the next
         transaction starts the log again from its beginning. One running beside the writes
         never catches up with a writer that is always busy, and the log then grows by every
-        batch for as long as the load lasts."""
-        if self._checkpointing is not None:
-            with contextlib.suppress(Exception):
-                await self._checkpointing
-        self._last_checkpoint = asyncio.get_running_loop().time()
-        await self._run_checkpoint()
+        batch for as long as the load lasts. Waited for `CATCH_UP_WAIT` at most, never
+        cancelled; when it cannot copy the whole log (a reader holds it, checkpoints fail, the
+        disk is slow) the writer goes back to one a second for `CHECKPOINT_EVERY`."""
+        deadline = now + CATCH_UP_WAIT
+        loop = asyncio.get_running_loop()
+        if self._checkpointing is not None:  # begun beside the last batch: not all of it
+            await asyncio.wait({self._checkpointing}, timeout=CATCH_UP_WAIT)
+        whole = False
+        if self._checkpointing is None:
+            self._last_checkpoint = loop.time()
+            task = self._checkpointing = asyncio.create_task(self._run_checkpoint())
+            await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.0))
+            whole = task.done() and task.result()
+        if not whole:
+            self._catch_up_after = loop.time() + CHECKPOINT_EVERY
 
-    async def _run_checkpoint(self) -> None:
-        error = None
+    async def _run_checkpoint(self) -> bool:
+        error, whole = None, False
         try:
-            await asyncio.to_thread(checkpoint, self.path)
-        except sqlite3.Error as exc:  # the records are committed to the log all the same
+            whole = await asyncio.to_thread(checkpoint, self.path)
+        except (sqlite3.Error, OSError) as exc:  # the records are in the log all the same
             error = describe(exc)
         finally:
             self._checkpointing = None
         self._wal.checked(asyncio.get_running_loop().time(), error)
+        return whole
 
     async def close(self) -> None:
         if self._checkpointing is not None:

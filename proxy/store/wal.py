@@ -18,10 +18,12 @@ WARN_EVERY = 60.0
 """Seconds between two warnings about the log while the trouble lasts."""
 
 
-def checkpoint(path: str) -> None:
-    """A passive checkpoint: copies what it can without waiting for readers or writers."""
+def checkpoint(path: str) -> bool:
+    """A passive checkpoint: copies what it can without waiting for readers or writers.
+    Whether it copied the whole log (nothing kept it from a page, every frame copied)."""
     with contextlib.closing(sqlite3.connect(path, timeout=5.0, isolation_level=None)) as con:
-        con.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        busy, frames, copied = con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return not busy and frames == copied
 
 
 class WalWatch:

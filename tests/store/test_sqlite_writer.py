@@ -11,6 +11,7 @@ import math
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from proxy.store import sqlite_writer, upgrade
+from proxy.exchange import Exchange
+from proxy.store import sqlite_writer, upgrade, wal
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
 from proxy.store.records import table_records
 from proxy.store.rows import rows_for
@@ -263,22 +265,88 @@ async def test_a_writer_always_busy_keeps_its_log_from_growing_without_end(
     never copies the whole log, so the log could never start again and grew by each batch.
     Once it is past `WAL_CATCH_UP_BYTES` the writer checkpoints between two batches, the log
     starts again and is cut back to `WAL_LIMIT_BYTES`."""
-    limit = 1024 * 1024  # a batch below writes ~0.5 MB of log
-    monkeypatch.setattr(sqlite_writer, "WAL_LIMIT_BYTES", limit)
-    monkeypatch.setattr(sqlite_writer, "WAL_CATCH_UP_BYTES", limit)
+    catch_up = 1024 * 1024  # a batch below writes ~0.5 MB of log
+    monkeypatch.setattr(sqlite_writer, "WAL_LIMIT_BYTES", catch_up // 2)
+    monkeypatch.setattr(sqlite_writer, "WAL_CATCH_UP_BYTES", catch_up)
     monkeypatch.setattr(sqlite_writer, "CHECKPOINT_EVERY", 0.0)
     writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
     wal = Path(f"{db_path}-wal")
     sizes = []
     try:
         for _ in range(60):
-            batch = [chat_exchange(logprobs=["token"] * 40) for _ in range(10)]
-            await writer.write([rows_for(ex) for ex in batch])
+            await writer.write([rows_for(ex) for ex in logprob_batch()])
             sizes.append(file_size(wal))
     finally:
         await writer.close()
     # Without the checkpoints between batches: ~30 MB, and growing.
-    assert max(sizes[-20:]) <= limit + 2 * max(sizes[0], 1), sizes
+    assert max(sizes[-20:]) <= catch_up + 2 * max(sizes[0], 1), sizes
+
+
+def logprob_batch() -> list[Exchange]:
+    return [chat_exchange(logprobs=["token"] * 40) for _ in range(10)]
+
+
+async def test_a_log_a_reader_holds_is_not_checkpointed_after_every_batch(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint between batches cannot copy a log a reader holds: past the size, the
+    writer tries once, then keeps to one checkpoint every `CHECKPOINT_EVERY` while it lasts,
+    and waits on none."""
+    monkeypatch.setattr(sqlite_writer, "WAL_LIMIT_BYTES", 128 * 1024)
+    monkeypatch.setattr(sqlite_writer, "WAL_CATCH_UP_BYTES", 256 * 1024)
+    monkeypatch.setattr(sqlite_writer, "CHECKPOINT_EVERY", 0.25)
+    ran: list[str] = []
+
+    def counted(path: str) -> bool:
+        ran.append(path)
+        return wal.checkpoint(path)
+
+    monkeypatch.setattr(sqlite_writer, "checkpoint", counted)
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    try:
+        await writer.write([rows_for(ex) for ex in logprob_batch()])
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM exchanges").fetchone()  # holds its snapshot
+        started = time.monotonic()
+        for _ in range(30):
+            await writer.write([rows_for(ex) for ex in logprob_batch()])
+        elapsed = time.monotonic() - started
+        held = file_size(Path(f"{db_path}-wal"))
+    finally:
+        reader.close()
+        await writer.close()
+    assert held > 256 * 1024  # the reader kept the log from starting again
+    # One a batch before: 31 here.
+    assert len(ran) <= 2 + elapsed / 0.25 + 1, (len(ran), elapsed)
+
+
+async def test_a_slow_checkpoint_between_batches_is_not_waited_for_long(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer waits `CATCH_UP_WAIT` at most (the recorder would call a longer write a
+    stalled database); the checkpoint goes on and `close` waits for it."""
+    monkeypatch.setattr(sqlite_writer, "WAL_LIMIT_BYTES", 128 * 1024)
+    monkeypatch.setattr(sqlite_writer, "WAL_CATCH_UP_BYTES", 256 * 1024)
+    monkeypatch.setattr(sqlite_writer, "CATCH_UP_WAIT", 0.1)
+    done = []
+
+    def slow(path: str) -> bool:
+        time.sleep(1.0)
+        done.append(wal.checkpoint(path))
+        return done[-1]
+
+    writer = SqliteWriter(str(db_path), busy_timeout_ms=1000)
+    try:
+        await writer.write([rows_for(ex) for ex in logprob_batch()])  # past the size
+        monkeypatch.setattr(sqlite_writer, "checkpoint", slow)
+        started = time.monotonic()
+        await writer.write([rows_for(ex) for ex in logprob_batch()])
+        assert time.monotonic() - started < 0.8
+        assert done == []
+    finally:
+        await writer.close()
+    assert done == [True]
 
 
 async def test_an_error_other_than_busy_spools_and_reconnects(
