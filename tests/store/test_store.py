@@ -480,3 +480,33 @@ async def test_postgresql_compresses_long_bodies_with_lz4_where_it_has_it(pg_url
         assert found == [("pglz",)]
     finally:
         await engine.dispose()
+
+
+async def test_the_postgresql_writer_asks_about_lz4_again_after_a_failed_write(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What it learnt of the server is forgotten when a write fails: after a failover the
+    server may be another one."""
+    await upgrade(pg_url)
+    engine = create_engine(pg_url)
+    writer = pg_writer.PgWriter(engine)
+    try:
+        async with engine.connect() as conn:
+            if not (await conn.exec_driver_sql(pg_writer.TAKES_LZ4)).scalar():
+                pytest.skip("this PostgreSQL has no lz4 (before 14, or built without it)")
+        monkeypatch.setattr(pg_writer, "TAKES_LZ4", "SELECT false")  # the first server's answer
+        await writer.write([rows_for(chat_exchange())])
+        monkeypatch.setattr(pg_writer, "COUNT_FINGERPRINTS", "INSERT INTO no_such_table VALUES (1)")
+        with pytest.raises(Exception, match="no_such_table"):
+            await writer.write([rows_for(chat_exchange())])
+        monkeypatch.undo()  # the server that answers now has lz4
+        long = chat_exchange(content="an answer long enough to be compressed " * 100)
+        assert await writer.write([rows_for(long)]) == 1
+        found = await rows(
+            engine,
+            "SELECT pg_column_compression(response) FROM exchanges WHERE id = :id",
+            id=long.id,
+        )
+        assert found == [("lz4",)]
+    finally:
+        await engine.dispose()
