@@ -61,10 +61,6 @@ def _message(value: Any) -> list[Any]:
     ]
 
 
-def _digest(messages: Iterable[Any]) -> str:
-    return _hashed([_message(m) for m in messages])
-
-
 def _hashed(normalised: list[list[Any]]) -> str:
     """The key of messages as `_message` gives them."""
     body = orjson.dumps(normalised, option=orjson.OPT_NON_STR_KEYS)

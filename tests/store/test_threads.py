@@ -8,6 +8,11 @@ from typing import Any
 from proxy.store import threads
 
 
+def digest(messages: list[Any]) -> str:
+    """The key of `messages`, each read as a client sends it back."""
+    return threads._hashed([threads._message(m) for m in messages])
+
+
 def test_the_parent_key_hashes_the_messages_up_to_the_last_assistant_one() -> None:
     messages: list[Any] = [
         {"role": "user", "content": "one"},
@@ -19,8 +24,8 @@ def test_the_parent_key_hashes_the_messages_up_to_the_last_assistant_one() -> No
     ]
     answer = {"role": "assistant", "content": "five"}
     turn, parent = threads.keys({"messages": messages}, {"choices": [{"message": answer}]})
-    assert parent == threads._digest(messages[:4])
-    assert turn == threads._digest([*messages, answer])
+    assert parent == digest(messages[:4])
+    assert turn == digest([*messages, answer])
     assert threads.keys({"messages": messages[4:]}, None) == (None, None)
     assert threads.keys({"messages": [messages[0]]}, {"choices": []}) == (None, None)
 
