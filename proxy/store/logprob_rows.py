@@ -35,13 +35,13 @@ def logprob_records(exchange_id: str, index: int, kind: str, tokens: list[Any]) 
         if type(logprob) is not float:
             logprob = _float(logprob)
         units, top = token.get("bytes"), token.get("top_logprobs")
-        try:  # `_list_json` of each, written out for two plain lists
-            if units.__class__ is list and top.__class__ is list:
+        if units.__class__ is list and top.__class__ is list:
+            try:  # `_list_json` of each, written out for two plain lists
                 units, top = orjson.dumps(units).decode(), orjson.dumps(top).decode()
-            else:
+            except TypeError:  # what orjson refuses: `_list_json`'s fallback, for each
                 units, top = _list_json(units), _list_json(top)
-        except TypeError:  # what orjson refuses: `_list_json`'s fallback, for each
-            units, top = _list_json(token.get("bytes")), _list_json(token.get("top_logprobs"))
+        else:
+            units, top = _list_json(units), _list_json(top)
         append((exchange_id, index, kind, position, text, logprob, units, top))
     return found
 
