@@ -444,69 +444,68 @@ async def test_a_json_body_is_stored_as_the_text_that_was_sent(engine: AsyncEngi
     assert list(shown["request"]) == ["model", "messages", "z", "a"]
 
 
-async def test_postgresql_compresses_long_bodies_with_lz4_where_it_has_it(pg_url: str) -> None:
-    """The writer's transactions ask the server for lz4 (faster to store than its default,
-    pglz); other sessions keep the server's default, and a value stored before stays pglz."""
+@pytest.fixture
+async def lz4_engine(pg_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on an empty PostgreSQL database whose server has lz4."""
     await upgrade(pg_url)
     engine = create_engine(pg_url)
     try:
         async with engine.connect() as conn:
             if not (await conn.exec_driver_sql(pg_writer.TAKES_LZ4)).scalar():
                 pytest.skip("this PostgreSQL has no lz4 (before 14, or built without it)")
-        before = chat_exchange(content="an answer long enough to be compressed " * 100)
-        async with engine.begin() as conn:  # as a writer without the setting stored it
-            await pg_writer.write_in(conn, [rows_for(before)])
-        long = chat_exchange(content="an answer long enough to be compressed " * 100)
-        short = chat_exchange()
-        assert await write(engine, [long, short]) == 2
-        found = await rows(engine, "SELECT id, pg_column_compression(response) FROM exchanges")
-        assert dict(found) == {before.id: "pglz", long.id: "lz4", short.id: None}
-        assert await rows(engine, "SHOW default_toast_compression") == [("pglz",)]
-        # An operator's own choice (here the database's) is kept.
-        name = make_url(pg_url).database
-        async with engine.connect() as conn:
-            await conn.exec_driver_sql(
-                f'ALTER DATABASE "{name}" SET default_toast_compression = pglz'
-            )
-            await conn.commit()
-        await engine.dispose()  # new sessions read the database's setting
-        chosen = chat_exchange(content="an answer long enough to be compressed " * 100)
-        assert await write(engine, [chosen]) == 1
-        found = await rows(
-            engine,
-            "SELECT pg_column_compression(response) FROM exchanges WHERE id = :id",
-            id=chosen.id,
-        )
-        assert found == [("pglz",)]
+        yield engine
     finally:
         await engine.dispose()
+
+
+def long_answer() -> Exchange:
+    """An exchange whose response the server compresses as it stores it."""
+    return chat_exchange(content="an answer long enough to be compressed " * 100)
+
+
+async def compression(engine: AsyncEngine, exchange_id: str) -> str | None:
+    sql = "SELECT pg_column_compression(response) FROM exchanges WHERE id = :id"
+    [(method,)] = await rows(engine, sql, id=exchange_id)
+    return None if method is None else str(method)
+
+
+async def test_postgresql_compresses_long_bodies_with_lz4_where_it_has_it(
+    lz4_engine: AsyncEngine, pg_url: str
+) -> None:
+    """The writer's transactions ask the server for lz4 (faster to store than its default,
+    pglz); other sessions keep the server's default, and a value stored before stays pglz."""
+    engine = lz4_engine
+    before = long_answer()
+    async with engine.begin() as conn:  # as a writer without the setting stored it
+        await pg_writer.write_in(conn, [rows_for(before)])
+    long, short = long_answer(), chat_exchange()
+    assert await write(engine, [long, short]) == 2
+    found = await rows(engine, "SELECT id, pg_column_compression(response) FROM exchanges")
+    assert dict(found) == {before.id: "pglz", long.id: "lz4", short.id: None}
+    assert await rows(engine, "SHOW default_toast_compression") == [("pglz",)]
+    # An operator's own choice (here the database's) is kept.
+    name = make_url(pg_url).database
+    async with engine.connect() as conn:
+        await conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET default_toast_compression = pglz')
+        await conn.commit()
+    await engine.dispose()  # new sessions read the database's setting
+    chosen = long_answer()
+    assert await write(engine, [chosen]) == 1
+    assert await compression(engine, chosen.id) == "pglz"
 
 
 async def test_the_postgresql_writer_asks_about_lz4_again_after_a_failed_write(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    lz4_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What it learnt of the server is forgotten when a write fails: after a failover the
     server may be another one."""
-    await upgrade(pg_url)
-    engine = create_engine(pg_url)
-    writer = pg_writer.PgWriter(engine)
-    try:
-        async with engine.connect() as conn:
-            if not (await conn.exec_driver_sql(pg_writer.TAKES_LZ4)).scalar():
-                pytest.skip("this PostgreSQL has no lz4 (before 14, or built without it)")
-        monkeypatch.setattr(pg_writer, "TAKES_LZ4", "SELECT false")  # the first server's answer
+    writer = pg_writer.PgWriter(lz4_engine)
+    monkeypatch.setattr(pg_writer, "TAKES_LZ4", "SELECT false")  # the first server's answer
+    await writer.write([rows_for(chat_exchange())])
+    monkeypatch.setattr(pg_writer, "COUNT_FINGERPRINTS", "INSERT INTO no_such_table VALUES (1)")
+    with pytest.raises(Exception, match="no_such_table"):
         await writer.write([rows_for(chat_exchange())])
-        monkeypatch.setattr(pg_writer, "COUNT_FINGERPRINTS", "INSERT INTO no_such_table VALUES (1)")
-        with pytest.raises(Exception, match="no_such_table"):
-            await writer.write([rows_for(chat_exchange())])
-        monkeypatch.undo()  # the server that answers now has lz4
-        long = chat_exchange(content="an answer long enough to be compressed " * 100)
-        assert await writer.write([rows_for(long)]) == 1
-        found = await rows(
-            engine,
-            "SELECT pg_column_compression(response) FROM exchanges WHERE id = :id",
-            id=long.id,
-        )
-        assert found == [("lz4",)]
-    finally:
-        await engine.dispose()
+    monkeypatch.undo()  # the server that answers now has lz4
+    long = long_answer()
+    assert await writer.write([rows_for(long)]) == 1
+    assert await compression(lz4_engine, long.id) == "lz4"
