@@ -9,7 +9,9 @@ throwaway database created next to the one named and dropped afterwards) and eac
 records N exchanges through `DatabaseRecorder.record()` as the relay does and times until
 `close()` has written them all: queue, batching, row building, the transactions. It also
 reports what `record()` costs the relay per call and the recording process's own CPU per
-exchange (the database server's, for PostgreSQL, is not in it).
+exchange; for PostgreSQL on this machine also the server's (`postgres_cpu` of the database's
+backends, read once the records are in and before the recorder's connections close, and of
+the WAL writer and the checkpointer, which work for other databases too: a quiet server).
 
 Each measure runs in a fresh process. With `--base DIR` every measure runs for DIR's checkout
 too, this checkout and DIR alternating, `--rounds` times, and the medians and their ratio are
@@ -112,7 +114,8 @@ def exchange(logprob_tokens: int) -> Exchange:
 
 
 async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> dict[str, float]:
-    """Exchanges written per second, microseconds per record() call, CPU ms per exchange."""
+    """Exchanges written per second, microseconds per record() call, CPU ms per exchange (the
+    process's, and for PostgreSQL the server's where it runs here)."""
     config = replace(
         Config(), db_url=url, spool_path=str(spool), queue_size=count, shutdown_grace=600.0
     )
@@ -124,18 +127,68 @@ async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> dic
     tune_gc = getattr(serve, "tune_gc", None) or serve._tune_gc  # a base checkout's name
     tune_gc()
     exchanges = [exchange(logprob_tokens) for _ in range(count)]
+    began = postgres_cpu() if url.startswith("postgresql") else {}
     cpu = time.process_time()
     begin = time.perf_counter()
     for ex in exchanges:
         recorder.accept(ex)
     recorded = time.perf_counter()
+    if began:  # the server runs here: its backends end with the recorder's pool
+        await written(recorder, count, config.shutdown_grace)
+        pids, ended = await server_pids(url), postgres_cpu()
     await recorder.stop()
     end = time.perf_counter()
-    return {
+    found = {
         "per_s": count / (end - begin),
         "record_us": (recorded - begin) / count * 1e6,
         "cpu_ms": (time.process_time() - cpu) / count * 1e3,
     }
+    if began:
+        used = sum(ended.get(pid, 0.0) - began.get(pid, 0.0) for pid in pids)
+        found["server_cpu_ms"] = used / count * 1e3
+    return found
+
+
+async def written(recorder: DatabaseRecorder, count: int, grace: float) -> None:
+    """Wait until the recorder has written `count` exchanges (at most `grace` seconds)."""
+    async with asyncio.timeout(grace):
+        while recorder.written < count:  # noqa: ASYNC110 (a count, with no event to wait on)
+            await asyncio.sleep(0.01)
+
+
+SERVER_PIDS = (
+    "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND (datname = "
+    "current_database() OR backend_type IN ('walwriter', 'checkpointer', 'background writer'))"
+)
+"""The server's processes that work for a recorder writing to this database."""
+
+
+async def server_pids(url: str) -> list[int]:
+    """The pids of `SERVER_PIDS` for the database `url` names."""
+    conn = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(False))
+    try:
+        return [row[0] for row in await conn.fetch(SERVER_PIDS)]
+    finally:
+        await conn.close()
+
+
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds used so far by each `postgres` process on this machine, by pid (none where
+    the server runs elsewhere)."""
+    found = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        name_ends = stat.rfind(b")")
+        if stat[stat.find(b"(") + 1 : name_ends] == b"postgres":
+            fields = stat[name_ends + 2 :].split()  # from the state on: utime, stime at 11, 12
+            found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
 
 
 def counted(workload: str, count: int) -> int:
@@ -192,7 +245,8 @@ def line(label: str, engine: str, workload: str, found: dict[str, float], n: int
     return (
         f"{label:<8} {engine:<10} {workload:<9} {n:>6} exchanges  {found['per_s']:>9,.0f}/s  "
         f"record() {found['record_us']:5.1f} us  CPU {found['cpu_ms']:6.3f} ms/exchange  "
-        f"{verdict}"
+        + (f"server {found['server_cpu_ms']:6.3f} ms  " if "server_cpu_ms" in found else "")
+        + verdict
     )
 
 
@@ -227,16 +281,23 @@ def main() -> None:
 
 def summary(engine: str, workload: str, n: int, seen: dict[str, list[dict[str, float]]]) -> None:
     medians = {
-        label: {key: statistics.median(f[key] for f in found) for key in found[0]}
+        label: {
+            key: statistics.median(f[key] for f in found)
+            for key in found[0]
+            if all(key in f for f in found)  # a base checkout may not measure the server
+        }
         for label, found in seen.items()
     }
     for label, found in medians.items():
         print(line(f"med {label}", engine, workload, found, n))
     if "base" in medians:
         this, base = medians["this"], medians["base"]
+        server = ""
+        if "server_cpu_ms" in this and "server_cpu_ms" in base:
+            server = f", {this['server_cpu_ms'] / base['server_cpu_ms']:.2f}x the server's"
         print(
             f"{'':<8} {engine:<10} {workload:<9} this/base: {this['per_s'] / base['per_s']:.2f}x "
-            f"the rate, {this['cpu_ms'] / base['cpu_ms']:.2f}x the CPU per exchange",
+            f"the rate, {this['cpu_ms'] / base['cpu_ms']:.2f}x the CPU per exchange{server}",
             flush=True,
         )
 

@@ -1,0 +1,29 @@
+"""`bench.bench_record`'s reading of the PostgreSQL server's CPU, against a real server: the
+figure it adds to a PostgreSQL measure must count the work of the database's own backends."""
+
+from __future__ import annotations
+
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+from sqlalchemy.engine import make_url
+
+from bench.bench_record import postgres_cpu, server_pids
+from tests.dbs import pg_url  # noqa: F401  (a fixture)
+
+
+async def test_the_server_cpu_is_that_of_the_databases_backends(pg_url: str) -> None:  # noqa: F811
+    dsn = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(dsn)
+    try:
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        before = postgres_cpu()
+        if backend not in before:
+            pytest.skip("the server's processes are not visible here: it runs elsewhere")
+        await conn.fetchval("SELECT count(*) FROM generate_series(1, 4000000)")
+        after = postgres_cpu()
+        pids = await server_pids(pg_url)
+    finally:
+        await conn.close()
+    assert after[backend] - before[backend] >= 0.1  # four million rows: tenths of a second
+    assert backend in pids  # the database's backend; the one asking is not among them
+    assert len(pids) == len(set(pids)) >= 2  # and the WAL writer or the checkpointer
