@@ -165,7 +165,7 @@ SERVER_PIDS = (
 
 async def server_pids(url: str) -> list[int]:
     """The pids of `SERVER_PIDS` for the database `url` names."""
-    conn = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(False))
+    conn = await asyncpg.connect(dsn(url))
     try:
         return [row[0] for row in await conn.fetch(SERVER_PIDS)]
     finally:
@@ -211,11 +211,16 @@ async def one(engine: str, workload: str, count: int, pg: str | None) -> dict[st
             return await measure(url, spool, counted(workload, count), WORKLOADS[workload])
 
 
+def dsn(url: str) -> str:
+    """asyncpg's form of a `postgresql+asyncpg://` URL."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 @contextlib.asynccontextmanager
 async def pg_database(base: str) -> AsyncIterator[str]:
     """A throwaway database next to `base`'s, dropped afterwards."""
     url = make_url(base)
-    admin = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(False))
+    admin = await asyncpg.connect(dsn(base))
     name = f"flightrec_bench_{uuid.uuid4().hex[:10]}"
     await admin.execute(f'CREATE DATABASE "{name}"')
     try:

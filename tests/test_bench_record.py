@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
-from sqlalchemy.engine import make_url
 
-from bench.bench_record import postgres_cpu, server_pids
-from tests.dbs import pg_url  # noqa: F401  (a fixture)
+from bench.bench_record import dsn, postgres_cpu, server_pids
+from tests import dbs
+
+pg_url = dbs.pg_url  # fixture
 
 
-async def test_the_server_cpu_is_that_of_the_databases_backends(pg_url: str) -> None:  # noqa: F811
-    dsn = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    conn = await asyncpg.connect(dsn)
+async def test_the_server_cpu_is_that_of_the_databases_backends(pg_url: str) -> None:
+    conn = await asyncpg.connect(dsn(pg_url))
     try:
         backend = await conn.fetchval("SELECT pg_backend_pid()")
         before = postgres_cpu()
