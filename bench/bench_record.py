@@ -7,7 +7,11 @@ For each engine (a SQLite file in a temporary directory; PostgreSQL when `--pg` 
 throwaway database created next to the one named and dropped afterwards) and each workload
 (plain chat completions; chat completions with 100 logprob tokens, 5 top_logprobs each), it
 records N exchanges through `DatabaseRecorder.record()` as the relay does and times until
-`close()` has written them all: queue, batching, row building, the transactions. It also
+`close()` has written them all: queue, journal, batching, row building, the transactions. The
+records come `--per-turn` at a time (64 by default), a turn of the event loop between, as a
+server's requests end across its loop's turns; `--per-turn 0` hands all N over in one turn, as
+this bench did before 2026-11-28, which a server never does: the journal then encodes and
+appends every record in one write before the writer starts (docs/performance.md). It also
 reports what `record()` costs the relay per call and the recording process's own CPU per
 exchange; for PostgreSQL on this machine also the server's (`postgres_cpu` of the database's
 backends, read once the records are in and before the recorder's connections close, and of
@@ -57,6 +61,9 @@ GOALS = {
 }
 WORKLOADS = {"plain": 0, "logprobs": 100}
 """Logprob tokens per exchange."""
+PER_TURN = 64
+"""Records handed to the recorder per turn of the event loop (`--per-turn`): about what a
+worker's loop ends in one turn at 64 connections."""
 
 
 def exchange(logprob_tokens: int) -> Exchange:
@@ -113,9 +120,12 @@ def exchange(logprob_tokens: int) -> Exchange:
     return ex
 
 
-async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> dict[str, float]:
+async def measure(
+    url: str, spool: Path, count: int, logprob_tokens: int, per_turn: int = PER_TURN
+) -> dict[str, float]:
     """Exchanges written per second, microseconds per record() call, CPU ms per exchange (the
-    process's, and for PostgreSQL the server's where it runs here)."""
+    process's, and for PostgreSQL the server's where it runs here). The records go to the
+    recorder `per_turn` at a time, the loop turning between (0: all in one turn)."""
     config = replace(
         Config(), db_url=url, spool_path=str(spool), queue_size=count, shutdown_grace=600.0
     )
@@ -130,8 +140,10 @@ async def measure(url: str, spool: Path, count: int, logprob_tokens: int) -> dic
     began = postgres_cpu() if url.startswith("postgresql") else {}
     cpu = time.process_time()
     begin = time.perf_counter()
-    for ex in exchanges:
+    for n, ex in enumerate(exchanges, 1):
         recorder.accept(ex)
+        if per_turn and n % per_turn == 0:
+            await asyncio.sleep(0)  # the loop turns: the journal and the writer run
     recorded = time.perf_counter()
     if began:  # the server runs here: its backends end with the recorder's pool
         await written(recorder, count, config.shutdown_grace)
@@ -196,19 +208,25 @@ def counted(workload: str, count: int) -> int:
     return count if workload == "plain" else max(count // 5, 200)
 
 
-async def one(engine: str, workload: str, count: int, pg: str | None) -> dict[str, float]:
+async def one(
+    engine: str, workload: str, count: int, pg: str | None, per_turn: int = PER_TURN
+) -> dict[str, float]:
     """One measure against a fresh database, in this process."""
     with tempfile.TemporaryDirectory() as tmp:
         spool = Path(tmp) / "bench.spool"
         if engine == "sqlite":
             url = f"sqlite+aiosqlite:///{tmp}/bench.db"
             await upgrade(url)
-            return await measure(url, spool, counted(workload, count), WORKLOADS[workload])
+            return await measure(
+                url, spool, counted(workload, count), WORKLOADS[workload], per_turn
+            )
         if pg is None:
             raise SystemExit("postgresql needs --pg")
         async with pg_database(pg) as url:
             await upgrade(url)
-            return await measure(url, spool, counted(workload, count), WORKLOADS[workload])
+            return await measure(
+                url, spool, counted(workload, count), WORKLOADS[workload], per_turn
+            )
 
 
 def dsn(url: str) -> str:
@@ -234,6 +252,8 @@ def run_one(checkout: Path, engine: str, workload: str, args: argparse.Namespace
     """One measure in a fresh process running `checkout`'s code."""
     command = [sys.executable, "-m", "bench.bench_record", "--one", engine, workload]
     command += ["--count", str(args.count)] + (["--pg", args.pg] if args.pg else [])
+    if args.per_turn != PER_TURN:  # a base checkout's bench may not know the option
+        command += ["--per-turn", str(args.per_turn)]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run(
         command, cwd=checkout, env=env, capture_output=True, text=True, check=False
@@ -263,11 +283,17 @@ def main() -> None:
     parser.add_argument("--workload", choices=tuple(WORKLOADS), action="append")
     parser.add_argument("--rounds", type=int, default=1, help="measures of each, alternated")
     parser.add_argument("--base", type=Path, help="another checkout to measure alternately")
+    parser.add_argument(
+        "--per-turn",
+        type=int,
+        default=PER_TURN,
+        help="records handed over per turn of the event loop (0: all in one turn)",
+    )
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         engine, workload = args.one
-        print(json.dumps(asyncio.run(one(engine, workload, args.count, args.pg))))
+        print(json.dumps(asyncio.run(one(engine, workload, args.count, args.pg, args.per_turn))))
         return
     engines = args.engine or (["sqlite", "postgresql"] if args.pg else ["sqlite"])
     checkouts = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])

@@ -1,15 +1,32 @@
-"""`bench.bench_record`'s reading of the PostgreSQL server's CPU, against a real server: the
-figure it adds to a PostgreSQL measure must count the work of the database's own backends."""
+"""`bench.bench_record` against real databases: a measure has written every record it times,
+however they are handed over, and the PostgreSQL server's CPU it adds to a PostgreSQL measure
+counts the work of the database's own backends."""
 
 from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from bench.bench_record import dsn, postgres_cpu, server_pids
+from bench.bench_record import dsn, measure, postgres_cpu, server_pids
+from proxy.store import upgrade
 from tests import dbs
 
 pg_url = dbs.pg_url  # fixture
+
+
+@pytest.mark.parametrize("per_turn", [64, 0])
+async def test_a_measure_times_every_record_written(tmp_path: Path, per_turn: int) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/bench.db"
+    await upgrade(url)
+    found = await measure(url, tmp_path / "bench.spool", 300, 3, per_turn)
+    with sqlite3.connect(tmp_path / "bench.db") as db:
+        exchanges = db.execute("SELECT count(*) FROM exchanges").fetchone()[0]
+        tokens = db.execute("SELECT count(*) FROM logprobs").fetchone()[0]
+    assert (exchanges, tokens) == (300, 900)
+    assert found["per_s"] > 0 and found["cpu_ms"] > 0
 
 
 async def test_the_server_cpu_is_that_of_the_databases_backends(pg_url: str) -> None:
