@@ -252,12 +252,16 @@ def run_one(checkout: Path, engine: str, workload: str, args: argparse.Namespace
     """One measure in a fresh process running `checkout`'s code."""
     command = [sys.executable, "-m", "bench.bench_record", "--one", engine, workload]
     command += ["--count", str(args.count)] + (["--pg", args.pg] if args.pg else [])
-    if args.per_turn != PER_TURN:  # a base checkout's bench may not know the option
-        command += ["--per-turn", str(args.per_turn)]
+    command += ["--per-turn", str(args.per_turn)]  # always: both sides fed the same way
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run(
         command, cwd=checkout, env=env, capture_output=True, text=True, check=False
     )
+    if done.returncode != 0 and "--per-turn" in done.stderr:
+        raise SystemExit(
+            f"{checkout}: its bench/bench_record.py hands the records over in one turn; copy "
+            "this one there (cp bench/bench_record.py DIR/bench/) so both are fed alike"
+        )
     if done.returncode != 0:
         raise SystemExit(f"{checkout}: {engine} {workload} failed:\n{done.stderr[-2000:]}")
     found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
