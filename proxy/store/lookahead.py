@@ -23,7 +23,7 @@ from proxy.exchange import Exchange
 from proxy.store.backlog import Backlog, Batch
 from proxy.store.journal import Position
 from proxy.store.rows import Rows, rows_for
-from proxy.store.turns import Turns
+from proxy.store.turns import Turns, budget
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Batches:
         """Rows for a batch, built on the event loop's thread between turns given to the relay:
         a worker thread would fight the loop for the GIL (docs/performance.md). A record whose
         rows cannot be built goes to the journal's `.bad`."""
-        turns = Turns()
+        turns = Turns(budget(len(self.backlog), self.size))
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:

@@ -10,6 +10,8 @@ waiting once for `batch_interval` while a batch fills, builds their rows (`store
 writes them in one transaction (`store.writer`), then marks the journal committed up to them.
 On PostgreSQL, while the server works on a batch, the writer takes the next one and builds its
 rows (`store.lookahead`), so the process's work and the server's overlap instead of adding up.
+The writer's work on the loop's thread runs in short stretches between the relay's turns, each
+longer the further behind it is (`turns.budget`), so a busy worker records as fast as it serves.
 A batch that fails for an outage is kept, with the one taken after it, and both are tried again
 in order with exponential backoff. Writes are idempotent by exchange id, so what is written
 twice is stored once.
@@ -55,6 +57,7 @@ from proxy.store.losses import Losses
 from proxy.store.migrate import prepare
 from proxy.store.refused import refuses_record
 from proxy.store.rows import Rows
+from proxy.store.turns import budget
 from proxy.store.writer import Writer, writer_for
 
 log = logging.getLogger(__name__)
@@ -149,9 +152,13 @@ class DatabaseRecorder:
         if self.journal.problem:
             log.warning("%s: records are kept in memory only until it is", self.journal.problem)
         self._engine = self.engine  # a malformed URL fails here, not inside the writer
-        self._writer = writer_for(self._engine, self._busy_timeout_ms)
+        self._writer = writer_for(self._engine, self._busy_timeout_ms, self._pace)
         self._batches.overlap = self._engine.dialect.name == "postgresql"
         self._task = asyncio.create_task(self._run(), name="flightrec-writer")
+
+    def _pace(self) -> float:
+        """The writer's budget between two turns given to the relay: longer when behind."""
+        return budget(len(self.backlog), self._config.batch_size)
 
     def accept(self, exchange: Exchange) -> None:
         if self._closed:

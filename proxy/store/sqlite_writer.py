@@ -49,7 +49,7 @@ from proxy.store.records import (
     unique,
 )
 from proxy.store.rows import Rows
-from proxy.store.turns import Turns
+from proxy.store.turns import WORK_BUDGET, Turns
 from proxy.store.wal import WalWatch, checkpoint, log_size
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,13 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 class SqliteWriter:
     """Writes batches of rows to one SQLite file; use from the event loop's thread only."""
 
-    def __init__(self, path: str, busy_timeout_ms: int) -> None:
+    def __init__(
+        self, path: str, busy_timeout_ms: int, pace: Callable[[], float] = lambda: WORK_BUDGET
+    ) -> None:
+        """`pace`: the seconds of work between two turns given to the relay, asked once a
+        batch (`turns.budget`)."""
         self.path = path
+        self._pace = pace
         self._busy_timeout = busy_timeout_ms / 1000
         self._con: sqlite3.Connection | None = None
         self._checkpointing: asyncio.Task[bool] | None = None
@@ -140,7 +145,7 @@ class SqliteWriter:
             fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
             threads.link(fresh, _turns(con, threads.wanted(fresh)))
             fresh = book_sqlite(con, fresh)  # without batch results booked before
-            turns = Turns()
+            turns = Turns(self._pace())
             for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
                 for start in range(0, len(found), size):

@@ -4,6 +4,7 @@ The recorder builds rows and writes SQLite on the loop's thread (a worker thread
 in trading the GIL than the work itself). Every request the loop serves meanwhile waits, at
 each of its few turns of the loop, for whatever background step runs before it; so the steps
 must be short. `Turns` measures instead of counting rows: records differ a hundredfold in size.
+How short depends on how far behind the writer is (`budget`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,21 @@ from time import perf_counter
 WORK_BUDGET = 0.0002
 """Seconds of background work between two turns given to the relay: shorter costs CPU in
 extra turns, longer adds to the relay's tail latency (the trade is in docs/performance.md)."""
+MAX_BUDGET = 0.005
+"""The longest budget a writer that is behind takes (`budget`)."""
+
+
+def budget(waiting: int, batch: int) -> float:
+    """The writer's budget between two turns given to the relay, with `waiting` records
+    behind it: `WORK_BUDGET` while a batch or less waits, then as many times that as batches
+    wait, up to `MAX_BUDGET`.
+
+    A relay that keeps the loop busy gives the writer a turn only now and then: with a fixed
+    budget the writer recorded less than the relay served, and the journal grew until it was
+    full (docs/performance.md). The further behind the writer is, the longer it works before
+    the relay's next turn, so a saturated worker serves as fast as it can also record."""
+    behind = waiting / batch
+    return WORK_BUDGET if behind <= 1 else min(WORK_BUDGET * behind, MAX_BUDGET)
 
 
 class Turns:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,12 +22,20 @@ class Writer(Protocol):
     async def close(self) -> None: ...
 
 
-def writer_for(engine: AsyncEngine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> Writer:
+def writer_for(
+    engine: AsyncEngine,
+    busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    pace: Callable[[], float] | None = None,
+) -> Writer:
     """The writer for `engine`'s database: a SQLite file is written on its own connection, a
-    PostgreSQL database through the engine's pool."""
+    PostgreSQL database through the engine's pool. `pace`: how long the SQLite writer's
+    INSERTs run between two turns given to the relay (`turns.budget`); PostgreSQL's run on
+    the server."""
     url = engine.url
     if url.get_backend_name() != "sqlite":
         return PgWriter(engine)
     if url.database in (None, "", ":memory:"):
         raise StoreError("records need a SQLite file, not a database in memory")
-    return SqliteWriter(url.database, busy_timeout_ms)
+    if pace is None:
+        return SqliteWriter(url.database, busy_timeout_ms)
+    return SqliteWriter(url.database, busy_timeout_ms, pace)
