@@ -15,7 +15,7 @@ from time import perf_counter
 WORK_BUDGET = 0.0002
 """Seconds of background work between two turns given to the relay: shorter costs CPU in
 extra turns, longer adds to the relay's tail latency (the trade is in docs/performance.md)."""
-MAX_BUDGET = 0.005
+MAX_BUDGET = 0.002
 """The longest budget a writer that is behind takes (`budget`)."""
 
 
