@@ -23,7 +23,7 @@ from proxy.exchange import Exchange
 from proxy.store.backlog import Backlog, Batch
 from proxy.store.journal import Position
 from proxy.store.rows import Rows, rows_for
-from proxy.store.turns import Turns, budget
+from proxy.store.turns import WORK_BUDGET, Turns, budget
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Batches:
                 return False
             self.held = Taken(batch)
         if self.held.rows is None:
-            self.held.rows = await self._build(self.held.batch[0])
+            self.held.rows = await self._build(self.held.batch[0], ahead=False)
         return True
 
     def held_rows(self) -> list[tuple[Exchange, Rows]]:
@@ -83,7 +83,7 @@ class Batches:
             batch = await self.backlog.next_batch(self.size, 0.0, after)
             if batch is not None:
                 self.ahead = taken = Taken(batch)
-                taken.rows = await self._build(batch[0])
+                taken.rows = await self._build(batch[0], ahead=True)
         except Exception:  # the held batch's write goes on; what is not taken is taken later
             log.exception("record writer failed to take the next batch")
 
@@ -111,11 +111,16 @@ class Batches:
             for ex in taken.batch[0]
         ]
 
-    async def _build(self, batch: list[Exchange]) -> list[tuple[Exchange, Rows]]:
+    async def _build(self, batch: list[Exchange], ahead: bool) -> list[tuple[Exchange, Rows]]:
         """Rows for a batch, built on the event loop's thread between turns given to the relay:
         a worker thread would fight the loop for the GIL (docs/performance.md). A record whose
-        rows cannot be built goes to the journal's `.bad`."""
-        turns = Turns(budget(len(self.backlog), self.size))
+        rows cannot be built goes to the journal's `.bad`.
+
+        Built while the writer waits for it, its stretches between turns grow with the
+        records waiting (`turns.budget`). Built `ahead`, beside the server's work on the
+        batch before, they stay short: a longer one would hold up that batch's statements
+        and slow the writer down (docs/performance.md)."""
+        turns = Turns(WORK_BUDGET if ahead else budget(len(self.backlog), self.size))
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:
