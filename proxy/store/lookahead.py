@@ -128,4 +128,5 @@ class Batches:
             except Exception as exc:
                 self.backlog.journal.set_aside(ex, f"cannot build rows: {exc!r}")
             await turns.give()
+        await asyncio.sleep(0)  # the relay's turn before the writer's statements start afresh
         return rows

@@ -27,7 +27,9 @@ def budget(waiting: int, batch: int) -> float:
     A relay that keeps the loop busy gives the writer a turn only now and then: with a fixed
     budget the writer recorded less than the relay served, and the journal grew until it was
     full (docs/performance.md). The further behind the writer is, the longer it works before
-    the relay's next turn, so a saturated worker serves as fast as it can also record."""
+    the relay's next turn, so a saturated worker serves as fast as it can also record.
+    `waiting` counts the records held in memory, at most `queue_size`: a `queue_size` of a
+    few batches caps the budget lower."""
     behind = waiting / batch
     return WORK_BUDGET if behind <= 1 else min(WORK_BUDGET * behind, MAX_BUDGET)
 

@@ -26,8 +26,15 @@ def test_the_budget_grows_with_the_batches_waiting_up_to_its_cap() -> None:
     assert budget(10**6, 500) == MAX_BUDGET
 
 
+@pytest.mark.parametrize(
+    ("count", "first"),
+    [
+        (600, 5 * WORK_BUDGET),  # five batches wait behind the first one taken
+        (2_000, MAX_BUDGET),  # nineteen: past the cap
+    ],
+)
 async def test_a_writer_behind_works_longer_between_turns_until_it_has_caught_up(
-    sqlite_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int, first: float
 ) -> None:
     given: list[tuple[str, float]] = []
 
@@ -42,17 +49,17 @@ async def test_a_writer_behind_works_longer_between_turns_until_it_has_caught_up
     monkeypatch.setattr(sqlite_writer, "Turns", watched("insert"))
     monkeypatch.setattr(lookahead, "Turns", watched("build"))
     recorder = await started(config(sqlite_db, tmp_path, batch_size=100))
-    sent = [chat_exchange() for _ in range(2_000)]
+    sent = [chat_exchange() for _ in range(count)]
     try:
         for ex in sent:
-            recorder.accept(ex)  # twenty batches at once: the writer is far behind
+            recorder.accept(ex)  # many batches at once: the writer is behind
         await wait_until(lambda: recorder.written == len(sent), within=60)
     finally:
         await recorder.stop()
     await assert_stored_once(sqlite_db, sent)
     for where in ("build", "insert"):
         budgets = [b for w, b in given if w == where]
-        assert len(budgets) == 20, where  # one a batch
-        assert budgets[0] == pytest.approx(min(19 * WORK_BUDGET, MAX_BUDGET)), where
+        assert len(budgets) == count // 100, where  # one a batch
+        assert budgets[0] == pytest.approx(first), where
         assert budgets == sorted(budgets, reverse=True), where  # shorter as it catches up
         assert budgets[-1] == WORK_BUDGET, where  # caught up: the relay's turns as before
