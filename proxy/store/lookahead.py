@@ -111,6 +111,11 @@ class Batches:
             for ex in taken.batch[0]
         ]
 
+    def pace(self) -> float:
+        """The writer's budget between two turns given to the relay, for the records waiting
+        now (`turns.budget`): the rows it waits for, and the SQLite writer's INSERTs."""
+        return budget(len(self.backlog), self.size)
+
     async def _build(self, batch: list[Exchange], ahead: bool) -> list[tuple[Exchange, Rows]]:
         """Rows for a batch, built on the event loop's thread between turns given to the relay:
         a worker thread would fight the loop for the GIL (docs/performance.md). A record whose
@@ -120,7 +125,7 @@ class Batches:
         records waiting (`turns.budget`). Built `ahead`, beside the server's work on the
         batch before, they stay short: a longer one would hold up that batch's statements
         and slow the writer down (docs/performance.md)."""
-        turns = Turns(WORK_BUDGET if ahead else budget(len(self.backlog), self.size))
+        turns = Turns(WORK_BUDGET if ahead else self.pace())
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:

@@ -57,7 +57,6 @@ from proxy.store.losses import Losses
 from proxy.store.migrate import prepare
 from proxy.store.refused import refuses_record
 from proxy.store.rows import Rows
-from proxy.store.turns import budget
 from proxy.store.writer import Writer, writer_for
 
 log = logging.getLogger(__name__)
@@ -152,13 +151,9 @@ class DatabaseRecorder:
         if self.journal.problem:
             log.warning("%s: records are kept in memory only until it is", self.journal.problem)
         self._engine = self.engine  # a malformed URL fails here, not inside the writer
-        self._writer = writer_for(self._engine, self._busy_timeout_ms, self._pace)
+        self._writer = writer_for(self._engine, self._busy_timeout_ms, self._batches.pace)
         self._batches.overlap = self._engine.dialect.name == "postgresql"
         self._task = asyncio.create_task(self._run(), name="flightrec-writer")
-
-    def _pace(self) -> float:
-        """The writer's budget between two turns given to the relay: longer when behind."""
-        return budget(len(self.backlog), self._config.batch_size)
 
     def accept(self, exchange: Exchange) -> None:
         if self._closed:

@@ -49,7 +49,7 @@ from proxy.store.records import (
     unique,
 )
 from proxy.store.rows import Rows
-from proxy.store.turns import WORK_BUDGET, Turns
+from proxy.store.turns import Turns, steady
 from proxy.store.wal import WalWatch, checkpoint, log_size
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class SqliteWriter:
     """Writes batches of rows to one SQLite file; use from the event loop's thread only."""
 
     def __init__(
-        self, path: str, busy_timeout_ms: int, pace: Callable[[], float] = lambda: WORK_BUDGET
+        self, path: str, busy_timeout_ms: int, pace: Callable[[], float] = steady
     ) -> None:
         """`pace`: the seconds of work between two turns given to the relay, asked once a
         batch (`turns.budget`)."""

@@ -19,6 +19,11 @@ MAX_BUDGET = 0.002
 """The longest budget a writer that is behind takes (`budget`)."""
 
 
+def steady() -> float:
+    """A writer's pace that never grows: `WORK_BUDGET` (a writer used on its own)."""
+    return WORK_BUDGET
+
+
 def budget(waiting: int, batch: int) -> float:
     """The writer's budget between two turns given to the relay, with `waiting` records
     behind it: `WORK_BUDGET` while a batch or less waits, then as many times that as batches

@@ -11,7 +11,7 @@ from proxy.store.engine import SQLITE_BUSY_TIMEOUT_MS, StoreError
 from proxy.store.pg_writer import PgWriter
 from proxy.store.rows import Rows
 from proxy.store.sqlite_writer import SqliteWriter
-from proxy.store.turns import WORK_BUDGET
+from proxy.store.turns import steady
 
 
 class Writer(Protocol):
@@ -26,7 +26,7 @@ class Writer(Protocol):
 def writer_for(
     engine: AsyncEngine,
     busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
-    pace: Callable[[], float] = lambda: WORK_BUDGET,
+    pace: Callable[[], float] = steady,
 ) -> Writer:
     """The writer for `engine`'s database: a SQLite file is written on its own connection, a
     PostgreSQL database through the engine's pool. `pace`: how long the SQLite writer's
