@@ -93,9 +93,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 class SqliteWriter:
     """Writes batches of rows to one SQLite file; use from the event loop's thread only."""
 
-    def __init__(
-        self, path: str, busy_timeout_ms: int, pace: Callable[[], float] = steady
-    ) -> None:
+    def __init__(self, path: str, busy_timeout_ms: int, pace: Callable[[], float] = steady) -> None:
         """`pace`: the seconds of work between two turns given to the relay, asked once a
         batch (`turns.budget`)."""
         self.path = path
