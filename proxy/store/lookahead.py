@@ -23,7 +23,7 @@ from proxy.exchange import Exchange
 from proxy.store.backlog import Backlog, Batch
 from proxy.store.journal import Position
 from proxy.store.rows import Rows, rows_for
-from proxy.store.turns import WORK_BUDGET, Turns, budget
+from proxy.store.turns import Sharing, Turns, budget
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,10 @@ class Batches:
 
         Built while the writer waits for it, its stretches between turns grow with the
         records waiting (`turns.budget`). Built `ahead`, beside the server's work on the
-        batch before, they stay short: a longer one would hold up that batch's statements
-        and slow the writer down (docs/performance.md)."""
-        turns = Turns(WORK_BUDGET if ahead else self.pace())
+        batch before, they grow only as long as the relay's turns between are
+        (`turns.Sharing`): a long stretch on a loop with nothing else to do would hold up that
+        batch's statements and slow the writer down (docs/performance.md)."""
+        turns = Sharing(self.pace) if ahead else Turns(self.pace())
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:
