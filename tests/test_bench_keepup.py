@@ -1,0 +1,40 @@
+"""`bench.keepup` run for real at a toy size: a mock upstream, `flightrec serve` on a real
+database and the load generator as child processes. Checks that what it counts adds up (every
+request it sent is written, the windows and the backlog come out), never how fast anything is."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from bench import keepup
+from tests.dbs import PG_ENV
+
+
+def pg_host() -> str:
+    base = os.environ.get(PG_ENV)
+    if not base:
+        pytest.skip(f"{PG_ENV} is not set: PostgreSQL tests skipped")
+    url = make_url(base)
+    return f"{url.host or '127.0.0.1'}:{url.port or 5432}"
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_a_busy_spell_is_counted_and_every_request_written(tmp_path: Path, engine: str) -> None:
+    pg = pg_host() if engine == "postgresql" else "127.0.0.1:5432"
+    out = tmp_path / "keepup.json"
+    argv = ["--engine", engine, "--concurrency", "4", "--seconds", "2", "--every", "0.5"]
+    argv += ["--rounds", "1", "--pg", pg, "--catch-up-limit", "30", "--json", str(out)]
+    assert keepup.main(argv) == 0
+    found = json.loads(out.read_text())
+    name = "flightrec-sqlite" if engine == "sqlite" else "flightrec-postgres"
+    (run,) = found["rounds"][name]
+    assert run["all_written"] and run["errors"] == 0
+    assert run["served_per_s"] > 0
+    assert run["written_per_s"] and all(rate >= 0 for rate in run["written_per_s"])
+    assert run["not_written_at_end"] >= 0 and run["catch_up_s"] < 30
+    assert found["medians"][name]["served_per_s"] == run["served_per_s"]
