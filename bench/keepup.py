@@ -2,7 +2,7 @@
 while they are served.
 
     python -m bench.keepup [--engine sqlite|postgresql] [--concurrency 64] [--seconds 21]
-        [--every 5] [--rounds 2] [--base DIR] [--pg host:port] [--json FILE]
+        [--every 5] [--rounds 2] [--workers N] [--base DIR] [--pg host:port] [--json FILE]
 
 `python -m bench` reads a target's CPU once the target is quiet, its writer's catch-up
 included, and `bench.bench_record` times the recorder alone: neither shows a writer that a busy
@@ -14,6 +14,7 @@ written a second over each interval, the first left out (the writer's first batc
 the warm-up's); the records not written yet when the load stops and the journal's bytes on
 disk then; and the seconds the writer takes to write the rest once the load has stopped.
 
+`--workers N` serves with N worker processes (`serve --workers`), each with its own writer.
 With `--base DIR` each round also runs DIR's checkout (`base-*`), the two alternating: an A/B
 in one run.
 """
@@ -38,17 +39,18 @@ from .procs import Target
 
 WARMUP = 640
 """Requests sent before the measured load (as `python -m bench`'s `cpu-64`)."""
+SIBLINGS = (".done", ".bad", ".lock")
+"""A journal's files that hold no records waiting (`store.journal`)."""
 CATCH_UP_LIMIT = 300.0
 """Seconds the writer is given to write the rest after the load (`--catch-up-limit`)."""
 
 
 def journal_bytes(target: Target) -> int:
-    """Bytes of the target's journal on disk: its live segment and the sealed ones."""
+    """Bytes of the target's journals on disk (one a worker): live segments and sealed ones."""
     if target.cwd is None:
         return 0
-    home = Path(target.cwd)
-    segments = [home / "flightrec.spool", *home.glob("flightrec.spool.seg*")]
-    return sum(f.stat().st_size for f in segments if f.is_file())
+    files = Path(target.cwd).glob("flightrec.spool*")
+    return sum(f.stat().st_size for f in files if f.suffix not in SIBLINGS and f.is_file())
 
 
 def written(target: Target) -> int:
@@ -138,6 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=21.0)
     parser.add_argument("--every", type=float, default=5.0, help="seconds between counts")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="serve --workers N")
     parser.add_argument("--base", type=Path, help="another checkout to A/B against")
     parser.add_argument("--pg", default="127.0.0.1:5432", help="PostgreSQL host:port")
     parser.add_argument("--catch-up-limit", type=float, default=CATCH_UP_LIMIT)
@@ -161,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         procs.wait_ready(upstream)
         targets = whole.build_targets(names, upstream.port, work, args.pg, install=False)
         for target in targets:
+            if args.workers > 1:
+                target.argv += ["--workers", str(args.workers)]
             if target.skipped:
                 print(f"{target.name}: {target.skipped}", file=sys.stderr)
                 return 2
