@@ -2,7 +2,8 @@
 while they are served.
 
     python -m bench.keepup [--engine sqlite|postgresql] [--concurrency 64] [--seconds 21]
-        [--every 5] [--rounds 2] [--workers N] [--base DIR] [--pg host:port] [--json FILE]
+        [--every 5] [--rounds 2] [--workers N] [--logprobs TOKENS] [--base DIR]
+        [--pg host:port] [--json FILE]
 
 `python -m bench` reads a target's CPU once the target is quiet, its writer's catch-up
 included, and `bench.bench_record` times the recorder alone: neither shows a writer that a busy
@@ -14,9 +15,10 @@ written a second over each interval, the first left out (the writer's first batc
 the warm-up's); the records not written yet when the load stops and the journal's bytes on
 disk then; and the seconds the writer takes to write the rest once the load has stopped.
 
-`--workers N` serves with N worker processes (`serve --workers`), each with its own writer.
-With `--base DIR` each round also runs DIR's checkout (`base-*`), the two alternating: an A/B
-in one run.
+`--logprobs 100` asks for 100 tokens with their logprobs (5 alternatives each) in every
+response, as `bench_record`'s logprob workload stores. `--workers N` serves with N worker
+processes (`serve --workers`), each with its own writer. With `--base DIR` each round also
+runs DIR's checkout (`base-*`), the two alternating: an A/B in one run.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def measure(worker: whole.LoadWorker, target: Target, args: argparse.Namespace) 
         port=target.port,
         path=whole.CHAT,
         concurrency=args.concurrency,
+        logprobs=args.logprobs,
         warmup=WARMUP,
         requests=10**9,
         seconds=args.seconds,
@@ -141,6 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--every", type=float, default=5.0, help="seconds between counts")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N")
+    parser.add_argument(
+        "--logprobs", type=int, default=0, help="tokens with logprobs a response (0: none)"
+    )
     parser.add_argument("--base", type=Path, help="another checkout to A/B against")
     parser.add_argument("--pg", default="127.0.0.1:5432", help="PostgreSQL host:port")
     parser.add_argument("--catch-up-limit", type=float, default=CATCH_UP_LIMIT)

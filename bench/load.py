@@ -4,7 +4,8 @@ process so its cost never lands on a target.
     python -m bench.load   # a worker: one JSON command per line on stdin, one result per line
 
 Commands (`op`):
-- `closed`: `concurrency` connections each send requests back to back, `warmup` requests
+- `closed`: `concurrency` connections each send requests back to back (with `logprobs`: that
+  many tokens asked for with their logprobs), `warmup` requests
   first (not measured), then `requests` of them or until `seconds` pass. Latency per request
   with perf_counter_ns; for streams also the time to the first body byte (TTFB). With `raw`,
   the result also lists every latency.
@@ -51,9 +52,14 @@ REQUEST_BODY: dict[str, Any] = {
 }
 
 
-def request_bytes(port: int, path: str, stream: bool, prompt_bytes: int = 0) -> bytes:
-    """The bench's request; `prompt_bytes` more of prompt in a last user message."""
+def request_bytes(
+    port: int, path: str, stream: bool, prompt_bytes: int = 0, logprobs: int = 0
+) -> bytes:
+    """The bench's request; `prompt_bytes` more of prompt in a last user message; with
+    `logprobs`, that many tokens asked for with their logprobs, 5 alternatives each."""
     payload: dict[str, Any] = {**REQUEST_BODY, "stream": stream}
+    if logprobs:
+        payload.update(logprobs=True, top_logprobs=5, max_tokens=logprobs)
     if prompt_bytes:
         words = "word " * (prompt_bytes // 5)
         payload["messages"] = [*REQUEST_BODY["messages"], {"role": "user", "content": words}]
@@ -231,7 +237,8 @@ async def _one(
 
 async def closed_loop(cmd: dict[str, Any]) -> dict[str, Any]:
     port, stream, pids = cmd["port"], bool(cmd.get("stream")), cmd.get("pids", [])
-    raw = request_bytes(port, cmd["path"], stream, int(cmd.get("prompt_bytes", 0)))
+    prompt, logprobs = int(cmd.get("prompt_bytes", 0)), int(cmd.get("logprobs", 0))
+    raw = request_bytes(port, cmd["path"], stream, prompt, logprobs)
     concurrency = int(cmd["concurrency"])
     gap = float(cmd.get("gap_ms", 0)) / 1000
     conns: list[Connection | None] = []

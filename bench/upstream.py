@@ -4,7 +4,9 @@ Content-Length request bodies, chunked responses) that it is never the bottlenec
     python -m bench.upstream --port P
 
 Serves, under any prefix:
-- `POST .../chat/completions`: a realistic `chat.completion`, or with `"stream": true` an SSE
+- `POST .../chat/completions`: a realistic `chat.completion` (with `"logprobs": true`,
+  `max_tokens` tokens each with its logprobs and `top_logprobs` alternatives), or with
+  `"stream": true` an SSE
   stream of `chunks` OpenAI-shaped chunks then `data: [DONE]`, one chunk every `interval_ms`
   (0: all at once). With `stream_options.include_usage` the chunks carry `"usage": null` and a
   usage-only chunk comes last, as OpenAI does.
@@ -38,8 +40,28 @@ HEAD = {
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
 
 
-def completion_body(tokens: int = 40) -> bytes:
+def token_logprobs(tokens: int, top: int) -> dict[str, Any]:
+    """A choice's `logprobs` as OpenAI gives them: each token with its bytes, its logprob and
+    `top` alternatives."""
+
+    def entry(i: int, rank: int) -> dict[str, Any]:
+        word = WORDS[(i + rank) % len(WORDS)]
+        return {
+            "token": word,
+            "logprob": -0.01 - 0.37 * rank - i / 1000,
+            "bytes": list(word.encode()),
+        }
+
+    content = [
+        {**entry(i, 0), "top_logprobs": [entry(i, r) for r in range(top)]} for i in range(tokens)
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_body(tokens: int = 40, top_logprobs: int | None = None) -> bytes:
+    """A `chat.completion` of `tokens` tokens; with `top_logprobs`, its logprobs too."""
     content = "".join(WORDS[i % len(WORDS)] for i in range(tokens)).strip()
+    logprobs = None if top_logprobs is None else token_logprobs(tokens, top_logprobs)
     return orjson.dumps(
         {
             "id": HEAD["id"],
@@ -50,7 +72,7 @@ def completion_body(tokens: int = 40) -> bytes:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": content, "refusal": None},
-                    "logprobs": None,
+                    "logprobs": logprobs,
                     "finish_reason": "stop",
                 }
             ],
@@ -88,11 +110,28 @@ def stream_events(chunks: int, usage: bool) -> list[bytes]:
     return [b"%x\r\n%s\r\n" % (len(data), data) for data in raw]
 
 
+def completion_response(body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"x-request-id: req_bench\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
 COMPLETION = completion_body()
-COMPLETION_RESPONSE = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-    b"x-request-id: req_bench\r\nContent-Length: %d\r\n\r\n%s" % (len(COMPLETION), COMPLETION)
-)
+COMPLETION_RESPONSE = completion_response(COMPLETION)
+WITH_LOGPROBS: dict[tuple[int, int], bytes] = {}
+"""Responses with logprobs, made once for each (max_tokens, top_logprobs) asked for."""
+
+
+def logprobs_response(payload: dict[str, Any]) -> bytes:
+    """The response to a request that asks for logprobs: `max_tokens` tokens (40 without it),
+    each with `top_logprobs` alternatives."""
+    shape = (int(payload.get("max_tokens") or 40), int(payload.get("top_logprobs") or 0))
+    if shape not in WITH_LOGPROBS:
+        WITH_LOGPROBS[shape] = completion_response(completion_body(*shape))
+    return WITH_LOGPROBS[shape]
+
+
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
     b"x-request-id: req_bench\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -217,6 +256,8 @@ class MockProtocol(asyncio.Protocol):
             if payload.get("stream") is True:
                 options = payload.get("stream_options") or {}
                 self.stream(Settings.events(options.get("include_usage") is True))
+            elif payload.get("logprobs") is True:
+                self.transport.write(logprobs_response(payload))
             else:
                 self.transport.write(COMPLETION_RESPONSE)
         elif path.endswith("/models") and method == "GET":

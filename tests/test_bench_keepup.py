@@ -9,9 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+from openai.types.chat import ChatCompletion
 from sqlalchemy.engine import make_url
 
 from bench import keepup
+from bench.upstream import logprobs_response
 from tests.dbs import PG_ENV
 
 
@@ -38,3 +40,15 @@ def test_a_busy_spell_is_counted_and_every_request_written(tmp_path: Path, engin
     assert run["written_per_s"] and all(rate >= 0 for rate in run["written_per_s"])
     assert run["not_written_at_end"] >= 0 and run["catch_up_s"] < 30
     assert found["medians"][name]["served_per_s"] == run["served_per_s"]
+
+
+def test_the_mock_upstreams_logprobs_are_what_the_sdk_reads() -> None:
+    """The responses `--logprobs` asks for parse as the `openai` SDK's own type, each token
+    with its alternatives, as the recorder stores them."""
+    raw = logprobs_response({"logprobs": True, "top_logprobs": 5, "max_tokens": 7})
+    body = raw.split(b"\r\n\r\n", 1)[1]
+    completion = ChatCompletion.model_validate_json(body)
+    tokens = completion.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert tokens is not None and len(tokens) == 7
+    assert all(len(token.top_logprobs) == 5 for token in tokens)
+    assert completion.usage is not None and completion.usage.completion_tokens == 7
