@@ -112,8 +112,9 @@ def _exchange(shape: str) -> Any:
 
 
 class _EveryTurn:
-    def __init__(self, budget: float = 0.0) -> None:
-        """A checkout's writer may pass its budget (`turns.budget`); every INSERT yields."""
+    def __init__(self, pace: object = 0.0) -> None:
+        """A checkout's writer may pass its budget or its pace (`turns.pace`); every INSERT
+        yields."""
 
     async def give(self) -> None:
         await asyncio.sleep(0)

@@ -20,10 +20,11 @@ import logging
 from dataclasses import dataclass
 
 from proxy.exchange import Exchange
+from proxy.store import turns
 from proxy.store.backlog import Backlog, Batch
 from proxy.store.journal import Position
 from proxy.store.rows import Rows, rows_for
-from proxy.store.turns import Sharing, Turns, budget
+from proxy.store.turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,16 @@ class Batches:
             for ex in taken.batch[0]
         ]
 
-    def pace(self) -> float:
-        """The writer's budget between two turns given to the relay, for the records waiting
-        now (`turns.budget`): the rows it waits for, and the SQLite writer's INSERTs."""
-        return budget(len(self.backlog), self.size)
+    def pace(self, others: float) -> float:
+        """The writer's next stretch between two turns given to the relay, for the records
+        waiting now and the relay's turn before (`turns.pace`): the rows it waits for, and the
+        SQLite writer's INSERTs."""
+        return turns.pace(len(self.backlog), self.size, others)
+
+    def beside_server(self, others: float) -> float:
+        """The same for rows built ahead, while the server writes the batch before
+        (`turns.beside_server`)."""
+        return turns.beside_server(len(self.backlog), self.size, others)
 
     async def _build(self, batch: list[Exchange], ahead: bool) -> list[tuple[Exchange, Rows]]:
         """Rows for a batch, built on the event loop's thread between turns given to the relay:
@@ -122,17 +129,17 @@ class Batches:
         rows cannot be built goes to the journal's `.bad`.
 
         Built while the writer waits for it, its stretches between turns grow with the
-        records waiting (`turns.budget`). Built `ahead`, beside the server's work on the
+        records waiting (`turns.pace`). Built `ahead`, beside the server's work on the
         batch before, they grow only as long as the relay's turns between are
-        (`turns.Sharing`): a long stretch on a loop with nothing else to do would hold up that
-        batch's statements and slow the writer down (docs/performance.md)."""
-        turns = Sharing(self.pace) if ahead else Turns(self.pace())
+        (`turns.beside_server`): a long stretch on a loop with nothing else to do would hold
+        up that batch's statements and slow the writer down (docs/performance.md)."""
+        loop_turns = Turns(self.beside_server if ahead else self.pace)
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:
             try:
                 rows.append((ex, rows_for(ex)))
             except Exception as exc:
                 self.backlog.journal.set_aside(ex, f"cannot build rows: {exc!r}")
-            await turns.give()
+            await loop_turns.give()
         await asyncio.sleep(0)  # the relay's turn before the writer's statements start afresh
         return rows

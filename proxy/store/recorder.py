@@ -11,8 +11,9 @@ writes them in one transaction (`store.writer`), then marks the journal committe
 On PostgreSQL, while the server works on a batch, the writer takes the next one and builds its
 rows (`store.lookahead`), so the process's work and the server's overlap instead of adding up.
 The writer's work on the loop's thread runs in short stretches between the relay's turns, each
-longer the further behind it is (`turns.budget`; beside PostgreSQL's work, no longer than the
-relay's turn before it: `turns.Sharing`): a busy worker records as it serves.
+longer the further behind it is, and far behind a part of the loop that grows with the relay's
+turns (`turns.pace`; beside PostgreSQL's work, no longer than the relay's turn before it
+unless far behind: `turns.beside_server`): a busy worker records as it serves.
 A batch that fails for an outage is kept, with the one taken after it, and both are tried again
 in order with exponential backoff. Writes are idempotent by exchange id, so what is written
 twice is stored once.

@@ -93,9 +93,11 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 class SqliteWriter:
     """Writes batches of rows to one SQLite file; use from the event loop's thread only."""
 
-    def __init__(self, path: str, busy_timeout_ms: int, pace: Callable[[], float] = steady) -> None:
-        """`pace`: the seconds of work between two turns given to the relay, asked once a
-        batch (`turns.budget`)."""
+    def __init__(
+        self, path: str, busy_timeout_ms: int, pace: Callable[[float], float] = steady
+    ) -> None:
+        """`pace`: the seconds of work between two turns given to the relay, asked at each
+        turn with the seconds the relay's turn took (`turns.pace`)."""
         self.path = path
         self._pace = pace
         self._busy_timeout = busy_timeout_ms / 1000
@@ -143,7 +145,7 @@ class SqliteWriter:
             fresh = not_stored(by_id, _stored_ids(con, list(by_id)))
             threads.link(fresh, _turns(con, threads.wanted(fresh)))
             fresh = book_sqlite(con, fresh)  # without batch results booked before
-            turns = Turns(self._pace())
+            turns = Turns(self._pace)
             for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
                 for start in range(0, len(found), size):

@@ -4,8 +4,8 @@ The recorder builds rows and writes SQLite on the loop's thread (a worker thread
 in trading the GIL than the work itself). Every request the loop serves meanwhile waits, at
 each of its few turns of the loop, for whatever background step runs before it; so the steps
 must be short. `Turns` measures instead of counting rows: records differ a hundredfold in size.
-How short depends on how far behind the writer is (`budget`), and for work beside a server's
-(`Sharing`) also on how busy the loop is.
+How short depends on how far behind the writer is and on how long the relay's turns take
+(`pace`), and for work beside a server's also on how busy the loop is (`beside_server`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ WORK_BUDGET = 0.0002
 extra turns, longer adds to the relay's tail latency (the trade is in docs/performance.md)."""
 MAX_BUDGET = 0.002
 """The longest budget a writer that is behind takes (`budget`)."""
+MAX_SHARE = 8.0
+"""The most a writer far behind works between two of the relay's turns, as a multiple of the
+relay's turn before (`share`)."""
 
 
-def steady() -> float:
+def steady(others: float = 0.0) -> float:
     """A writer's pace that never grows: `WORK_BUDGET` (a writer used on its own)."""
     return WORK_BUDGET
 
@@ -41,44 +44,55 @@ def budget(waiting: int, batch: int) -> float:
     return WORK_BUDGET if behind <= 1 else min(WORK_BUDGET * behind, MAX_BUDGET)
 
 
+def share(waiting: int, batch: int) -> float:
+    """How long the writer may work between two of the relay's turns, as a multiple of the
+    relay's turn before, with `waiting` records behind it: nothing while two batches or fewer
+    wait, then a quarter more for each batch, up to `MAX_SHARE`.
+
+    `budget` bounds a stretch in seconds; a relay whose turns take long (large bodies, many
+    connections) then leaves a writer behind a smaller and smaller part of the loop: with
+    responses of 100 logprob tokens at 64 connections, a few percent, and the journal grew
+    until it would have been full (docs/performance.md). Grown with the relay's turns, the
+    writer's part of the loop grows with what waits, and the relay slows down, until the
+    writer keeps up."""
+    return min(max(0.0, (waiting / batch - 2) / 4), MAX_SHARE)
+
+
+def pace(waiting: int, batch: int, others: float) -> float:
+    """The writer's next stretch of work, with `waiting` records behind it, after the relay's
+    turn took `others` seconds: `budget`, or `share` times that turn if longer."""
+    return max(budget(waiting, batch), share(waiting, batch) * others)
+
+
+def beside_server(waiting: int, batch: int, others: float) -> float:
+    """`pace` for work done while a server works on statements the same task waits for (the
+    PostgreSQL writer's rows built ahead, `store.lookahead`): `budget` no longer than the
+    loop's other work at the turn before, never shorter than `WORK_BUDGET`.
+
+    Behind a busy relay the writer takes its whole pace: otherwise a saturated worker recorded
+    a fraction of what it served (docs/performance.md). A loop with little else to do than the
+    writer's own statements comes back soon, and the stretches stay short, so the server's
+    reply to a statement in flight is read soon after it comes instead of after a long
+    stretch, which would leave the server idle."""
+    fixed = max(WORK_BUDGET, min(budget(waiting, batch), others))
+    return max(fixed, share(waiting, batch) * others)
+
+
 class Turns:
-    """`await turns.give()` after each small unit of work: yields to the loop once
-    `budget` seconds have passed since the last yield."""
+    """`await turns.give()` after each small unit of work: yields to the loop once the stretch
+    `pace` gives has passed since the last yield. `pace` is asked at each turn, with the seconds
+    the loop's other work took at the turn just given (0 before the first). That other work
+    includes the writer's own, such as the replies to its statements."""
 
-    __slots__ = ("_budget", "_due")
+    __slots__ = ("_due", "_pace")
 
-    def __init__(self, budget: float = WORK_BUDGET) -> None:
-        self._budget = budget
-        self._due = perf_counter() + budget
-
-    async def give(self) -> None:
-        if perf_counter() >= self._due:
-            await asyncio.sleep(0)
-            self._due = perf_counter() + self._budget
-
-
-class Sharing(Turns):
-    """Turns for work done while a server works on statements the same task waits for (the
-    PostgreSQL writer's rows built ahead, `store.lookahead`): each stretch lasts `pace()`, asked
-    afresh at each turn, but no longer than the loop's other work took at the turn before it,
-    and never shorter than `WORK_BUDGET`.
-
-    A relay that keeps the loop busy gives the writer a turn only now and then, and the
-    writer behind then takes as long a stretch as `pace` allows, as on SQLite: otherwise a
-    saturated worker recorded a fraction of what it served (docs/performance.md). A loop with
-    nothing else to do comes back at once, and the stretches stay short, so the server's reply
-    to a statement in flight is read soon after it comes instead of after a long stretch,
-    which would leave the server idle."""
-
-    __slots__ = ("_pace",)
-
-    def __init__(self, pace: Callable[[], float]) -> None:
-        super().__init__(WORK_BUDGET)
+    def __init__(self, pace: Callable[[float], float] = steady) -> None:
         self._pace = pace
+        self._due = perf_counter() + pace(0.0)
 
     async def give(self) -> None:
         yielded = perf_counter()
         if yielded >= self._due:
             await asyncio.sleep(0)
             back = perf_counter()
-            self._due = back + max(WORK_BUDGET, min(self._pace(), back - yielded))
+            self._due = back + self._pace(back - yielded)

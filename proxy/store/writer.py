@@ -26,11 +26,11 @@ class Writer(Protocol):
 def writer_for(
     engine: AsyncEngine,
     busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
-    pace: Callable[[], float] = steady,
+    pace: Callable[[float], float] = steady,
 ) -> Writer:
     """The writer for `engine`'s database: a SQLite file is written on its own connection, a
     PostgreSQL database through the engine's pool. `pace`: how long the SQLite writer's
-    INSERTs run between two turns given to the relay (`turns.budget`); PostgreSQL's run on
+    INSERTs run between two turns given to the relay (`turns.pace`); PostgreSQL's run on
     the server."""
     url = engine.url
     if url.get_backend_name() != "sqlite":

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
 
 import pytest
 
 from proxy.store import lookahead, sqlite_writer, upgrade
-from proxy.store.turns import MAX_BUDGET, WORK_BUDGET, Sharing, Turns, budget
+from proxy.store.turns import (
+    MAX_BUDGET,
+    MAX_SHARE,
+    WORK_BUDGET,
+    Turns,
+    beside_server,
+    budget,
+    pace,
+    share,
+    steady,
+)
 from tests.conftest import until as wait_until
 from tests.dbs import chat_exchange
 from tests.store import test_recorder
@@ -44,9 +55,9 @@ async def test_a_writer_behind_works_longer_between_turns_until_it_has_caught_up
 
     def watched(where: str) -> type[Turns]:
         class Watched(Turns):
-            def __init__(self, budget: float) -> None:
-                given.append((where, budget))
-                super().__init__(budget)
+            def __init__(self, pace: Callable[[float], float]) -> None:
+                given.append((where, pace(0.0)))  # the first stretch's budget
+                super().__init__(pace)
 
         return Watched
 
@@ -92,18 +103,18 @@ class Relay:
             await asyncio.sleep(0)
 
 
-async def stretches(relay_turn: float, units: int = 3_000) -> list[float]:
-    """How long `Sharing`, asked for `MAX_BUDGET`, works between two of the relay's turns, for
-    a relay whose turns each take `relay_turn` seconds."""
+async def stretches(relay_turn: float, pace: Callable[[float], float]) -> list[float]:
+    """How long `Turns` with `pace` works between two of the relay's turns, for a relay whose
+    turns each take `relay_turn` seconds."""
     relay = Relay(relay_turn)
     neighbour = asyncio.create_task(relay.run())
     await asyncio.sleep(0)
-    sharing = Sharing(lambda: MAX_BUDGET)
+    turns = Turns(pace)
     found: list[float] = []
     began, seen = perf_counter(), relay.turns
-    for _ in range(units):
+    while len(found) < 40:
         burn(0.00002)  # a small unit of work: a record's rows
-        await sharing.give()
+        await turns.give()
         if relay.turns != seen:  # the relay had a turn: a stretch ended before it
             now = perf_counter()
             found.append(now - began - relay_turn * (relay.turns - seen))
@@ -113,44 +124,97 @@ async def stretches(relay_turn: float, units: int = 3_000) -> list[float]:
     return found
 
 
+def test_far_behind_the_writer_takes_a_part_of_the_loop_that_grows_with_what_waits() -> None:
+    assert share(200, 100) == 0.0  # two batches: `budget` alone
+    assert share(600, 100) == pytest.approx(1.0)  # six: as long as the relay's turn
+    assert share(10_000, 100) == MAX_SHARE
+    assert pace(10_000, 100, others=0.0) == MAX_BUDGET  # a quiet loop: the budget's cap
+    assert pace(10_000, 100, others=0.1) == pytest.approx(MAX_SHARE * 0.1)
+    assert pace(100, 100, others=0.1) == WORK_BUDGET  # caught up: as before, however busy
+
+
+async def test_a_writer_far_behind_a_relay_with_long_turns_works_a_multiple_of_them() -> None:
+    """With long turns of the relay (large bodies, many connections) a writer far behind
+    works `MAX_SHARE` times as long as the relay between two of them, not `MAX_BUDGET`."""
+    found = await stretches(relay_turn=0.005, pace=lambda others: pace(10_000, 100, others))
+    assert statistics.median(found) >= 0.8 * MAX_SHARE * 0.005
+
+
 async def test_beside_a_server_the_stretches_grow_only_as_long_as_the_relays_turns() -> None:
-    """A busy relay leaves a writer behind the whole `pace` at each turn; a loop with little
-    else to do gets its turns back at once, so the batch in the server's hands is not kept
-    waiting behind a long stretch."""
-    idle = statistics.median(await stretches(relay_turn=0.0))
-    busy = statistics.median(await stretches(relay_turn=0.005))
-    assert idle < 2 * WORK_BUDGET < MAX_BUDGET
-    assert busy >= 0.8 * MAX_BUDGET
+    """A busy relay leaves a writer behind its whole pace at each turn; a loop with little else
+    to do gets its turns back at once, so the batch in the server's hands is not kept waiting
+    behind a long stretch."""
+
+    def six_batches_behind(others: float) -> float:  # `budget` 1.2 ms, `share` one
+        return beside_server(600, 100, others)
+
+    idle = await stretches(relay_turn=0.0, pace=six_batches_behind)
+    busy = await stretches(relay_turn=0.005, pace=six_batches_behind)
+    steady_beside_busy = await stretches(relay_turn=0.005, pace=steady)
+    assert WORK_BUDGET <= statistics.median(idle) < 2 * WORK_BUDGET < MAX_BUDGET
+    assert statistics.median(busy) >= 0.8 * 0.005  # as long as the relay's turn
+    assert statistics.median(steady_beside_busy) < 2 * WORK_BUDGET  # caught up: short
+
+
+def watched(granted: list[float], only: Callable[[Callable[[float], float]], bool]) -> type[Turns]:
+    """`Turns` that appends to `granted` each stretch it grants after a turn, for the paces
+    `only` picks."""
+
+    class Watched(Turns):
+        def __init__(self, pace: Callable[[float], float]) -> None:
+            super().__init__(pace)
+            self.watched = only(pace)
+
+        async def give(self) -> None:
+            due = self._due
+            await super().give()
+            if self.watched and self._due != due:
+                granted.append(self._due - perf_counter())
+
+    return Watched
+
+
+async def stored_behind_a_busy_relay(url: str, tmp_path: Path) -> None:
+    """Hand a recorder 2,000 records at once (batches of 100: the writer far behind) while a
+    neighbour takes 5 ms at each of its turns of the loop; every record is stored once."""
+    relay = Relay(0.005)
+    recorder = await started(config(url, tmp_path, batch_size=100))
+    neighbour = asyncio.create_task(relay.run())
+    sent = [chat_exchange() for _ in range(2_000)]
+    try:
+        for ex in sent:
+            recorder.accept(ex)
+        await wait_until(lambda: recorder.written == len(sent), within=60)
+    finally:
+        relay.running = False
+        await neighbour
+        await recorder.stop()
+    await assert_stored_once(url, sent)
 
 
 async def test_a_postgresql_writer_behind_a_busy_relay_builds_ahead_in_longer_stretches(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rows built ahead, while the server writes the batch before, take longer stretches
-    once a busy relay leaves the writer behind; every record is stored once."""
+    once a busy relay leaves the writer behind."""
     await upgrade(pg_url)
     granted: list[float] = []
 
-    class Watched(Sharing):
-        async def give(self) -> None:
-            due = self._due
-            await super().give()
-            if self._due != due:
-                granted.append(self._due - perf_counter())
+    def ahead(pace: Callable[[float], float]) -> bool:
+        return getattr(pace, "__func__", None) is lookahead.Batches.beside_server
 
-    monkeypatch.setattr(lookahead, "Sharing", Watched)
-    relay = Relay(0.005)
-    recorder = await started(config(pg_url, tmp_path, batch_size=100))
-    neighbour = asyncio.create_task(relay.run())
-    sent = [chat_exchange() for _ in range(2_000)]
-    try:
-        for ex in sent:
-            recorder.accept(ex)  # many batches at once: the writer is behind
-        await wait_until(lambda: recorder.written == len(sent), within=60)
-    finally:
-        relay.running = False
-        await neighbour
-        await recorder.stop()
-    await assert_stored_once(pg_url, sent)
-    assert granted, "no rows were built ahead"
+    monkeypatch.setattr(lookahead, "Turns", watched(granted, ahead))
+    await stored_behind_a_busy_relay(pg_url, tmp_path)
+    assert granted, "no rows were built ahead, beside the server's work"
     assert max(granted) > 4 * WORK_BUDGET
+
+
+async def test_a_sqlite_writer_far_behind_a_busy_relay_outlasts_the_budgets_cap(
+    sqlite_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a relay whose turns take 5 ms, the INSERTs of a writer far behind run in
+    stretches longer than `MAX_BUDGET`."""
+    granted: list[float] = []
+    monkeypatch.setattr(sqlite_writer, "Turns", watched(granted, lambda pace: True))
+    await stored_behind_a_busy_relay(sqlite_db, tmp_path)
+    assert max(granted) > 2 * MAX_BUDGET

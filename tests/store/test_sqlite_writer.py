@@ -196,7 +196,7 @@ async def test_a_big_batch_gives_the_loop_turns_while_it_is_written(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A budget of no time: a turn is due before every chunk of rows, however fast the machine.
-    monkeypatch.setattr(sqlite_writer, "Turns", lambda budget: Turns(budget=0.0))
+    monkeypatch.setattr(sqlite_writer, "Turns", lambda pace: Turns(lambda others: 0.0))
     ticker = Ticker()
     turns_at_chunk: list[int] = []
     insert = sqlite_writer._insert
