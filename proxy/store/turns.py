@@ -22,6 +22,10 @@ MAX_BUDGET = 0.002
 MAX_SHARE = 8.0
 """The most a writer far behind works between two of the relay's turns, as a multiple of the
 relay's turn before (`share`)."""
+MAX_STRETCH = 0.1
+"""The longest stretch a writer far behind takes however long the relay's turn before was (a
+full collection of the garbage collector, thousands of streams): the most it adds to a
+request's wait at one turn of the loop."""
 
 
 def steady(others: float = 0.0) -> float:
@@ -60,14 +64,20 @@ def share(waiting: int, batch: int) -> float:
 
 def pace(waiting: int, batch: int, others: float) -> float:
     """The writer's next stretch of work, with `waiting` records behind it, after the relay's
-    turn took `others` seconds: `budget`, or `share` times that turn if longer."""
-    return max(budget(waiting, batch), share(waiting, batch) * others)
+    turn took `others` seconds: `budget`, or `share` times that turn if longer, up to
+    `MAX_STRETCH`."""
+    return max(budget(waiting, batch), _shared(waiting, batch, others))
+
+
+def _shared(waiting: int, batch: int, others: float) -> float:
+    return min(share(waiting, batch) * others, MAX_STRETCH)
 
 
 def beside_server(waiting: int, batch: int, others: float) -> float:
     """`pace` for work done while a server works on statements the same task waits for (the
     PostgreSQL writer's rows built ahead, `store.lookahead`): `budget` no longer than the
-    loop's other work at the turn before, never shorter than `WORK_BUDGET`.
+    loop's other work at the turn before, never shorter than `WORK_BUDGET`; far behind, the
+    writer's `share` on top, as in `pace`.
 
     Behind a busy relay the writer takes its whole pace: otherwise a saturated worker recorded
     a fraction of what it served (docs/performance.md). A loop with little else to do than the
@@ -75,7 +85,7 @@ def beside_server(waiting: int, batch: int, others: float) -> float:
     reply to a statement in flight is read soon after it comes instead of after a long
     stretch, which would leave the server idle."""
     fixed = max(WORK_BUDGET, min(budget(waiting, batch), others))
-    return max(fixed, share(waiting, batch) * others)
+    return max(fixed, _shared(waiting, batch, others))
 
 
 class Turns:

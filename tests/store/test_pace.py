@@ -16,6 +16,7 @@ from proxy.store import lookahead, sqlite_writer, upgrade
 from proxy.store.turns import (
     MAX_BUDGET,
     MAX_SHARE,
+    MAX_STRETCH,
     WORK_BUDGET,
     Turns,
     beside_server,
@@ -129,7 +130,8 @@ def test_far_behind_the_writer_takes_a_part_of_the_loop_that_grows_with_what_wai
     assert share(600, 100) == pytest.approx(1.0)  # six: as long as the relay's turn
     assert share(10_000, 100) == MAX_SHARE
     assert pace(10_000, 100, others=0.0) == MAX_BUDGET  # a quiet loop: the budget's cap
-    assert pace(10_000, 100, others=0.1) == pytest.approx(MAX_SHARE * 0.1)
+    assert pace(10_000, 100, others=0.01) == pytest.approx(MAX_SHARE * 0.01)
+    assert pace(10_000, 100, others=2.0) == MAX_STRETCH  # a long pause is not taken 8 times
     assert pace(100, 100, others=0.1) == WORK_BUDGET  # caught up: as before, however busy
 
 
