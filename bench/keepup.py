@@ -72,6 +72,26 @@ def sample(target: Target, every: float, stop: threading.Event, out: Samples) ->
         out.append((time.perf_counter() - began, written(target)))
 
 
+STILL = 10.0
+"""Seconds without a record written after which a writer short of the count has stopped: the
+requests that failed without reaching the upstream (a reset, a refused connection) leave no
+exchange, so the count is not always reached."""
+
+
+def caught_up(target: Target, expected: int, limit: float) -> None:
+    """Wait until the target's database holds `expected` exchanges, for at most `limit`
+    seconds, or until its count has not moved for `STILL` seconds."""
+    began = moved = time.perf_counter()
+    last = written(target)
+    while last < expected and (now := time.perf_counter()) - began < limit:
+        if now - moved > STILL:
+            return
+        time.sleep(0.1)
+        count = written(target)
+        if count != last:
+            last, moved = count, time.perf_counter()
+
+
 def measure(worker: whole.LoadWorker, target: Target, args: argparse.Namespace) -> dict[str, Any]:
     """One busy spell of `args.seconds` on `target`, and its writer's catch-up after."""
     every, limit = args.every, args.catch_up_limit
@@ -95,8 +115,7 @@ def measure(worker: whole.LoadWorker, target: Target, args: argparse.Namespace) 
     at_end, journal = written(target), journal_bytes(target)
     sent = WARMUP + load["ok"] + load["errors"]
     ended = time.perf_counter()
-    while written(target) < before + sent and time.perf_counter() - ended < limit:
-        time.sleep(0.1)
+    caught_up(target, before + sent, limit)
     rates = [
         (count - last) / (at - then) for (then, last), (at, count) in itertools.pairwise(samples)
     ]

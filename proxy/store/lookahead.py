@@ -119,8 +119,11 @@ class Batches:
         return turns.pace(len(self.backlog), self.size, others)
 
     def beside_server(self, others: float) -> float:
-        """The same for rows built ahead, while the server writes the batch before
-        (`turns.beside_server`)."""
+        """The same for rows built ahead: while the server writes the batch before,
+        `turns.beside_server`; once that batch is committed and the writer waits for these
+        rows, `pace`, as for the rows of a batch held."""
+        if self.held is None:
+            return self.pace(others)
         return turns.beside_server(len(self.backlog), self.size, others)
 
     async def _build(self, batch: list[Exchange], ahead: bool) -> list[tuple[Exchange, Rows]]:
@@ -129,10 +132,11 @@ class Batches:
         rows cannot be built goes to the journal's `.bad`.
 
         Built while the writer waits for it, its stretches between turns grow with the
-        records waiting (`turns.pace`). Built `ahead`, beside the server's work on the
-        batch before, they grow only as long as the relay's turns between are
-        (`turns.beside_server`): a long stretch on a loop with nothing else to do would hold
-        up that batch's statements and slow the writer down (docs/performance.md)."""
+        records waiting and the relay's turns (`turns.pace`). Built `ahead`, beside the
+        server's work on the batch before, they are also no longer than the loop's other work
+        at the turn before (`turns.beside_server`): a long stretch on a loop with nothing else
+        to do would hold up that batch's statements and slow the writer down
+        (docs/performance.md)."""
         loop_turns = Turns(self.beside_server if ahead else self.pace)
         rows: list[tuple[Exchange, Rows]] = []
         for ex in batch:

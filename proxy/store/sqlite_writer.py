@@ -3,7 +3,8 @@
 With aiosqlite every statement runs on a worker thread, and under load the relay's thread and
 that worker traded the GIL for every statement and every bound row, which cost more CPU than
 SQLite's own work (docs/performance.md). So this writer does the work on the loop's thread in
-small INSERTs and gives the relay a turn (`turns.Turns`) between them.
+small INSERTs and gives the relay a turn (`turns.Turns`) between them: a stretch of at most
+`turns.MAX_BUDGET`, or `turns.MAX_STRETCH` for a writer far behind.
 
 Nothing here may hold the loop for long:
 - COMMIT, which writes the batch to the log, runs on a worker thread (one hop per batch);

@@ -3,8 +3,9 @@
 The recorder builds rows and writes SQLite on the loop's thread (a worker thread cost more CPU
 in trading the GIL than the work itself). Every request the loop serves meanwhile waits, at
 each of its few turns of the loop, for whatever background step runs before it; so the steps
-must be short. `Turns` measures instead of counting rows: records differ a hundredfold in size.
-How short depends on how far behind the writer is and on how long the relay's turns take
+are short while the writer keeps up, and bounded when it is far behind (`MAX_STRETCH`).
+`Turns` measures instead of counting rows: records differ a hundredfold in size. How long a
+step is depends on how far behind the writer is and on how long the relay's turns take
 (`pace`), and for work beside a server's also on how busy the loop is (`beside_server`).
 """
 
@@ -57,8 +58,9 @@ def share(waiting: int, batch: int) -> float:
     connections) then leaves a writer behind a smaller and smaller part of the loop: with
     responses of 100 logprob tokens at 64 connections, a few percent, and the journal grew
     until it would have been full (docs/performance.md). Grown with the relay's turns, the
-    writer's part of the loop grows with what waits, and the relay slows down, until the
-    writer keeps up."""
+    writer's part of the loop grows with what waits, and the relay slows down. `waiting`
+    counts the records in memory, at most `queue_size`: with the defaults (10,000 and
+    batches of 500) the share reaches 4.5 at most."""
     return min(max(0.0, (waiting / batch - 2) / 4), MAX_SHARE)
 
 
@@ -76,16 +78,17 @@ def _shared(waiting: int, batch: int, others: float) -> float:
 def beside_server(waiting: int, batch: int, others: float) -> float:
     """`pace` for work done while a server works on statements the same task waits for (the
     PostgreSQL writer's rows built ahead, `store.lookahead`): `budget` no longer than the
-    loop's other work at the turn before, never shorter than `WORK_BUDGET`; far behind, the
-    writer's `share` on top, as in `pace`.
+    loop's other work at the turn before, never shorter than `WORK_BUDGET`. Without `share`:
+    on a quiet loop the other work is mostly the writer's own (its statements, their
+    replies), and a multiple of it would leave the server idle (`store.lookahead` gives the
+    share once the batch before is committed and the writer waits for these rows).
 
     Behind a busy relay the writer takes its whole pace: otherwise a saturated worker recorded
     a fraction of what it served (docs/performance.md). A loop with little else to do than the
     writer's own statements comes back soon, and the stretches stay short, so the server's
     reply to a statement in flight is read soon after it comes instead of after a long
     stretch, which would leave the server idle."""
-    fixed = max(WORK_BUDGET, min(budget(waiting, batch), others))
-    return max(fixed, _shared(waiting, batch, others))
+    return max(WORK_BUDGET, min(budget(waiting, batch), others))
 
 
 class Turns:

@@ -23,7 +23,6 @@ from proxy.store.turns import (
     budget,
     pace,
     share,
-    steady,
 )
 from tests.conftest import until as wait_until
 from tests.dbs import chat_exchange
@@ -90,16 +89,20 @@ def burn(seconds: float) -> None:
 
 class Relay:
     """A neighbour on the event loop that takes `turn` seconds at each of its turns, counting
-    them, until stopped."""
+    them and the time they really took (a turn the machine preempted runs longer), until
+    stopped."""
 
     def __init__(self, turn: float) -> None:
         self.turn = turn
         self.turns = 0
+        self.spent = 0.0
         self.running = True
 
     async def run(self) -> None:
         while self.running:
+            began = perf_counter()
             burn(self.turn)
+            self.spent += perf_counter() - began
             self.turns += 1
             await asyncio.sleep(0)
 
@@ -112,14 +115,14 @@ async def stretches(relay_turn: float, pace: Callable[[float], float]) -> list[f
     await asyncio.sleep(0)
     turns = Turns(pace)
     found: list[float] = []
-    began, seen = perf_counter(), relay.turns
+    began, seen, spent = perf_counter(), relay.turns, relay.spent
     while len(found) < 40:
         burn(0.00002)  # a small unit of work: a record's rows
         await turns.give()
         if relay.turns != seen:  # the relay had a turn: a stretch ended before it
             now = perf_counter()
-            found.append(now - began - relay_turn * (relay.turns - seen))
-            began, seen = now, relay.turns
+            found.append(now - began - (relay.spent - spent))
+            began, seen, spent = now, relay.turns, relay.spent
     relay.running = False
     await neighbour
     return found
@@ -147,15 +150,18 @@ async def test_beside_a_server_the_stretches_grow_only_as_long_as_the_relays_tur
     to do gets its turns back at once, so the batch in the server's hands is not kept waiting
     behind a long stretch."""
 
-    def six_batches_behind(others: float) -> float:  # `budget` 1.2 ms, `share` one
+    def six_batches_behind(others: float) -> float:  # `budget` 1.2 ms
         return beside_server(600, 100, others)
+
+    def caught_up(others: float) -> float:
+        return beside_server(100, 100, others)
 
     idle = await stretches(relay_turn=0.0, pace=six_batches_behind)
     busy = await stretches(relay_turn=0.005, pace=six_batches_behind)
-    steady_beside_busy = await stretches(relay_turn=0.005, pace=steady)
-    assert WORK_BUDGET <= statistics.median(idle) < 2 * WORK_BUDGET < MAX_BUDGET
-    assert statistics.median(busy) >= 0.8 * 0.005  # as long as the relay's turn
-    assert statistics.median(steady_beside_busy) < 2 * WORK_BUDGET  # caught up: short
+    caught_up_beside_busy = await stretches(relay_turn=0.005, pace=caught_up)
+    assert WORK_BUDGET <= statistics.median(idle) < 2 * WORK_BUDGET < budget(600, 100)
+    assert statistics.median(busy) >= 0.8 * budget(600, 100)  # its whole budget
+    assert statistics.median(caught_up_beside_busy) < 2 * WORK_BUDGET
 
 
 def watched(granted: list[float], only: Callable[[Callable[[float], float]], bool]) -> type[Turns]:
@@ -176,13 +182,15 @@ def watched(granted: list[float], only: Callable[[Callable[[float], float]], boo
     return Watched
 
 
-async def stored_behind_a_busy_relay(url: str, tmp_path: Path) -> None:
-    """Hand a recorder 2,000 records at once (batches of 100: the writer far behind) while a
-    neighbour takes 5 ms at each of its turns of the loop; every record is stored once."""
+async def stored_behind_a_busy_relay(url: str, tmp_path: Path, tokens: int = 0) -> None:
+    """Hand a recorder 2,000 records at once (batches of 100: the writer far behind), each
+    with `tokens` logprob tokens, while a neighbour takes 5 ms at each of its turns of the
+    loop; every record is stored once."""
     relay = Relay(0.005)
     recorder = await started(config(url, tmp_path, batch_size=100))
     neighbour = asyncio.create_task(relay.run())
-    sent = [chat_exchange() for _ in range(2_000)]
+    logprobs = [f" t{i}" for i in range(tokens)] or None
+    sent = [chat_exchange(logprobs=logprobs) for _ in range(2_000)]
     try:
         for ex in sent:
             recorder.accept(ex)
@@ -191,14 +199,15 @@ async def stored_behind_a_busy_relay(url: str, tmp_path: Path) -> None:
         relay.running = False
         await neighbour
         await recorder.stop()
-    await assert_stored_once(url, sent)
+    await assert_stored_once(url, sent, tokens=tokens)
 
 
 async def test_a_postgresql_writer_behind_a_busy_relay_builds_ahead_in_longer_stretches(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rows built ahead, while the server writes the batch before, take longer stretches
-    once a busy relay leaves the writer behind."""
+    """The rows built ahead take longer stretches once a busy relay leaves the writer behind:
+    the writer's budget while the server writes the batch before, and its share of the loop,
+    longer than any budget, once that batch is committed and the writer waits for them."""
     await upgrade(pg_url)
     granted: list[float] = []
 
@@ -206,9 +215,33 @@ async def test_a_postgresql_writer_behind_a_busy_relay_builds_ahead_in_longer_st
         return getattr(pace, "__func__", None) is lookahead.Batches.beside_server
 
     monkeypatch.setattr(lookahead, "Turns", watched(granted, ahead))
-    await stored_behind_a_busy_relay(pg_url, tmp_path)
+    await stored_behind_a_busy_relay(pg_url, tmp_path, tokens=3)
     assert granted, "no rows were built ahead, beside the server's work"
     assert max(granted) > 4 * WORK_BUDGET
+
+
+class Waiting:
+    """What `Batches` reads of a backlog to pace the writer: how many records wait."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return self.records
+
+
+def test_rows_built_ahead_take_the_share_once_the_batch_before_is_committed() -> None:
+    """While the server writes the batch before, rows built ahead stay within the budget
+    however long the relay's turn was; once it is committed and the writer waits for them,
+    they take the writer's share of the loop, as rows of a batch held do."""
+    batches = lookahead.Batches(Waiting(1_000), 100)  # type: ignore[arg-type]
+    relay_turn = 0.005
+    batches.held = lookahead.Taken(([], None))
+    assert batches.beside_server(relay_turn) == budget(1_000, 100)
+    batches.held = None
+    assert batches.beside_server(relay_turn) == pace(1_000, 100, relay_turn)
+    assert batches.beside_server(relay_turn) == pytest.approx(share(1_000, 100) * relay_turn)
+    assert batches.beside_server(relay_turn) > MAX_BUDGET
 
 
 async def test_a_sqlite_writer_far_behind_a_busy_relay_outlasts_the_budgets_cap(
@@ -218,5 +251,7 @@ async def test_a_sqlite_writer_far_behind_a_busy_relay_outlasts_the_budgets_cap(
     stretches longer than `MAX_BUDGET`."""
     granted: list[float] = []
     monkeypatch.setattr(sqlite_writer, "Turns", watched(granted, lambda pace: True))
-    await stored_behind_a_busy_relay(sqlite_db, tmp_path)
+    # 20 logprob tokens each: a batch's INSERTs outlast a first stretch on any machine.
+    await stored_behind_a_busy_relay(sqlite_db, tmp_path, tokens=20)
+    assert granted, "no INSERTs were cut by a turn"
     assert max(granted) > 2 * MAX_BUDGET
