@@ -12,8 +12,9 @@ On PostgreSQL, while the server works on a batch, the writer takes the next one 
 rows (`store.lookahead`), so the process's work and the server's overlap instead of adding up.
 The writer's work on the loop's thread runs in short stretches between the relay's turns, each
 longer the further behind it is, and far behind a part of the loop that grows with the relay's
-turns (`turns.pace`; beside PostgreSQL's work, no longer than the relay's turn before it
-unless far behind: `turns.beside_server`): a busy worker records as it serves.
+turns (`turns.pace`; rows built beside PostgreSQL's work on the batch before, no longer than
+the loop's other work at the turn before: `turns.beside_server`): a busy worker records as it
+serves.
 A batch that fails for an outage is kept, with the one taken after it, and both are tried again
 in order with exponential backoff. Writes are idempotent by exchange id, so what is written
 twice is stored once.
