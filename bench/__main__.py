@@ -656,13 +656,19 @@ def run(
         results["summary"] = report.summarize(raw, [t.name for t in live])
         return results
     finally:
-        if worker is not None:
-            worker.close()
-        for target in reversed(running):
-            procs.stop(target)
-        for target in targets:
-            if target.cleanup is not None:
-                target.cleanup()
+        stop_all(worker, running, targets)
+
+
+def stop_all(worker: LoadWorker | None, running: list[Target], targets: list[Target]) -> None:
+    """Stop the load generator and the processes started (last first), then clean up after
+    the targets (a PostgreSQL target's scratch database)."""
+    if worker is not None:
+        worker.close()
+    for target in reversed(running):
+        procs.stop(target)
+    for target in targets:
+        if target.cleanup is not None:
+            target.cleanup()
 
 
 def _busy_jiffies() -> tuple[int, int]:

@@ -143,7 +143,7 @@ def line(name: str, found: dict[str, Any]) -> str:
     )
 
 
-def summary(name: str, runs: list[dict[str, Any]]) -> dict[str, float]:
+def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over rounds: served, written (each round's median window), behind at the end."""
     return {
         "served_per_s": statistics.median(r["served_per_s"] for r in runs),
@@ -204,15 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                 found.setdefault(target.name, []).append(result)
                 print(f"round {turn + 1}/{args.rounds} " + line(target.name, result), flush=True)
     finally:
-        if worker is not None:
-            worker.close()
-        for target in reversed(running):
-            procs.stop(target)
-        for target in targets:
-            if target.cleanup is not None:
-                target.cleanup()
+        whole.stop_all(worker, running, targets)
         shutil.rmtree(work, ignore_errors=True)
-    medians = {name: summary(name, runs) for name, runs in found.items()}
+    medians = {name: summary(runs) for name, runs in found.items()}
     for name, med in medians.items():
         print(
             f"median {name:20} served {med['served_per_s']:8,.0f}/s  "
