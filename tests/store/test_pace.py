@@ -13,6 +13,9 @@ from time import perf_counter
 import pytest
 
 from proxy.store import lookahead, sqlite_writer, upgrade
+from proxy.store.backlog import Backlog
+from proxy.store.journal import Journal
+from proxy.store.losses import Losses
 from proxy.store.turns import (
     MAX_BUDGET,
     MAX_SHARE,
@@ -220,21 +223,20 @@ async def test_a_postgresql_writer_behind_a_busy_relay_builds_ahead_in_longer_st
     assert max(granted) > 4 * WORK_BUDGET
 
 
-class Waiting:
-    """What `Batches` reads of a backlog to pace the writer: how many records wait."""
-
-    def __init__(self, records: int) -> None:
-        self.records = records
-
-    def __len__(self) -> int:
-        return self.records
-
-
-def test_rows_built_ahead_take_the_share_once_the_batch_before_is_committed() -> None:
+async def test_rows_built_ahead_take_the_share_once_the_batch_before_is_committed(
+    tmp_path: Path,
+) -> None:
     """While the server writes the batch before, rows built ahead stay within the budget
     however long the relay's turn was; once it is committed and the writer waits for them,
     they take the writer's share of the loop, as rows of a batch held do."""
-    batches = lookahead.Batches(Waiting(1_000), 100)  # type: ignore[arg-type]
+    journal = Journal(tmp_path / "records.spool", 1 << 30)
+    journal.open()
+    backlog = Backlog(journal, Losses(journal), queue_size=10_000)
+    for _ in range(1_000):
+        backlog.add(chat_exchange())
+    backlog.flush()  # journaled, and held in memory for the writer
+    assert len(backlog) == 1_000
+    batches = lookahead.Batches(backlog, 100)
     relay_turn = 0.005
     batches.held = lookahead.Taken(([], None))
     assert batches.beside_server(relay_turn) == budget(1_000, 100)
@@ -242,6 +244,7 @@ def test_rows_built_ahead_take_the_share_once_the_batch_before_is_committed() ->
     assert batches.beside_server(relay_turn) == pace(1_000, 100, relay_turn)
     assert batches.beside_server(relay_turn) == pytest.approx(share(1_000, 100) * relay_turn)
     assert batches.beside_server(relay_turn) > MAX_BUDGET
+    journal.close()
 
 
 async def test_a_sqlite_writer_far_behind_a_busy_relay_outlasts_the_budgets_cap(
