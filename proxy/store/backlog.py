@@ -12,6 +12,11 @@ at: from memory while the copies are there, else read back from the file (after 
 overflowed, or after a restart). The writer takes the next batch while the one before is still
 being written (`after`: where that one ends), so nothing here commits past what it was told is
 in the database: the writer commits each batch, in order, once it is.
+
+A record with a long journal line waits as that line and its rows (`Built`), built when the
+line is written, not as itself: a response with logprobs parses into thousands of dicts and
+lists, and while records wait for a busy writer the cyclic garbage collector scanned them again
+and again, a third of a saturated worker's time (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -19,16 +24,57 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 
 from proxy.exchange import Exchange
 from proxy.store.journal import Journal, Position
-from proxy.store.lines import encode
+from proxy.store.lines import decode, encode
 from proxy.store.losses import Losses
+from proxy.store.rows import Rows, rows_for
 
 log = logging.getLogger(__name__)
 
-Batch = tuple[list[Exchange], Position | None]
+BUILT_FROM = 16 * 1024
+"""Journal lines this long or longer wait as `Built` (a plain chat exchange's is ~2 KB, one
+with 100 logprob tokens ~40 KB)."""
+
+
+@dataclass(slots=True)
+class Built:
+    """A journaled record waiting as its line and its rows, built as the line was written."""
+
+    line: bytes
+    rows: Rows
+
+    @property
+    def id(self) -> str:
+        return self.rows.id
+
+
+Pending = Exchange | Built
+"""A record as it waits for the writer."""
+Batch = tuple[list[Pending], Position | None]
 """Records to write and the journal position they end at (None: not journaled)."""
+
+
+def waiting(ex: Exchange, line: bytes) -> Pending:
+    """What a journaled record waits as: itself, or its line and rows when the line is long."""
+    if len(line) < BUILT_FROM:
+        return ex
+    try:
+        return Built(line, rows_for(ex))
+    except Exception:  # the writer builds them again, fails the same way and sets it aside
+        return ex
+
+
+def line_of(record: Pending) -> bytes:
+    """The record's journal line."""
+    return record.line if isinstance(record, Built) else encode(record)
+
+
+def exchange_of(record: Pending) -> Exchange:
+    """The record as an exchange."""
+    return decode(record.line) if isinstance(record, Built) else record
 
 
 class Backlog:
@@ -40,8 +86,8 @@ class Backlog:
         """Set when records were added; the writer clears it before it waits."""
         self._buffer: list[Exchange] = []
         self._flush_soon: asyncio.Handle | None = None
-        self._fresh: deque[tuple[Position, Position, Exchange]] = deque()
-        """Journaled records still in memory: (start, end, exchange), in journal order."""
+        self._fresh: deque[tuple[Position, Position, Pending]] = deque()
+        """Journaled records still in memory: (start, end, record), in journal order."""
         self._loose: deque[Exchange] = deque()
         """Records the journal refused, kept in memory only."""
         self.journaled = 0
@@ -117,7 +163,7 @@ class Backlog:
         else:
             self.journaled += len(buffered)
             for ex, line, end in zip(buffered[: max(room, 0)], lines, ends, strict=False):
-                self._fresh.append(((end[0], end[1] - len(line)), end, ex))
+                self._fresh.append(((end[0], end[1] - len(line)), end, waiting(ex, line)))
         self.losses.report()
         self.arrived.set()
 
@@ -153,7 +199,7 @@ class Backlog:
         while self._fresh and self._fresh[0][1] <= at:
             self._fresh.popleft()  # read from the file meanwhile
         if self._fresh and self._fresh[0][0] == at:
-            batch: list[Exchange] = []
+            batch: list[Pending] = []
             end = at
             while self._fresh and len(batch) < size and self._fresh[0][0] == end:
                 _, end, ex = self._fresh.popleft()
@@ -171,7 +217,7 @@ class Backlog:
         f = self.journal.open_segment(at[0])
         # Reading and decoding a batch of big records takes a while: off the event loop.
         found, stop = await asyncio.to_thread(self.journal.read, f, at, limit, size)
-        batch = [ex for ex, _ in found]
+        batch: list[Pending] = [ex for ex, _ in found]
         end = (at[0], stop)
         if not batch and not ahead:
             self._commit(end, 0)  # only lines that were not records

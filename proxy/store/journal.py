@@ -34,7 +34,7 @@ from typing import BinaryIO
 
 from proxy.exchange import Exchange
 from proxy.store.engine import StoreError
-from proxy.store.lines import decode, encode, whole_lines
+from proxy.store.lines import decode, whole_lines
 
 log = logging.getLogger(__name__)
 
@@ -367,20 +367,23 @@ class Journal:
             "journal %s: a line is not a record (%s); moved it to %s", self.path, exc, self.bad
         )
 
-    def set_aside(self, ex: Exchange, reason: str) -> None:
-        """Keep a record the database refuses (not an outage: this record itself) out of the way."""
+    def set_aside(self, exchange_id: str, line: bytes, reason: str) -> None:
+        """Keep a record the database refuses (not an outage: this record itself) out of the way:
+        its journal `line` (`lines.encode`)."""
         try:
-            self._append_bad(encode(ex))
+            self._append_bad(line)
         except OSError as exc:
             log.error(
                 "exchange %s refused by the database (%s); lost: %s: %s",
-                ex.id,
+                exchange_id,
                 reason,
                 self.bad,
                 exc,
             )
             return
-        log.warning("exchange %s refused by the database (%s); kept in %s", ex.id, reason, self.bad)
+        log.warning(
+            "exchange %s refused by the database (%s); kept in %s", exchange_id, reason, self.bad
+        )
 
     def close(self) -> None:
         self._empty_if_committed()

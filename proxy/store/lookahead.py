@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from proxy.exchange import Exchange
 from proxy.store import turns
-from proxy.store.backlog import Backlog, Batch
+from proxy.store.backlog import Backlog, Batch, Built, Pending, exchange_of
 from proxy.store.journal import Position
+from proxy.store.lines import encode
 from proxy.store.rows import Rows, rows_for
 from proxy.store.turns import Turns
 
@@ -34,7 +35,7 @@ class Taken:
     """A batch taken from the backlog, kept until it is committed."""
 
     batch: Batch
-    rows: list[tuple[Exchange, Rows]] | None = None
+    rows: list[tuple[Pending, Rows]] | None = None
     """Its rows once built; records whose rows cannot be built are set aside instead."""
 
 
@@ -64,7 +65,7 @@ class Batches:
             self.held.rows = await self._build(self.held.batch[0], ahead=False)
         return True
 
-    def held_rows(self) -> list[tuple[Exchange, Rows]]:
+    def held_rows(self) -> list[tuple[Pending, Rows]]:
         if self.held is None or self.held.rows is None:
             raise RuntimeError("no batch held, or its rows are not built")
         return self.held.rows
@@ -106,10 +107,10 @@ class Batches:
     def only_in_memory(self) -> list[Exchange]:
         """The records of the taken batches that the journal does not hold (at shutdown)."""
         return [
-            ex
+            exchange_of(record)
             for taken in (self.held, self.ahead)
             if taken is not None and taken.batch[1] is None
-            for ex in taken.batch[0]
+            for record in taken.batch[0]
         ]
 
     def pace(self, others: float) -> float:
@@ -126,7 +127,7 @@ class Batches:
             return self.pace(others)
         return turns.beside_server(len(self.backlog), self.size, others)
 
-    async def _build(self, batch: list[Exchange], ahead: bool) -> list[tuple[Exchange, Rows]]:
+    async def _build(self, batch: list[Pending], ahead: bool) -> list[tuple[Pending, Rows]]:
         """Rows for a batch, built on the event loop's thread between turns given to the relay:
         a worker thread would fight the loop for the GIL (docs/performance.md). A record whose
         rows cannot be built goes to the journal's `.bad`.
@@ -138,12 +139,16 @@ class Batches:
         to do would hold up that batch's statements and slow the writer down
         (docs/performance.md)."""
         loop_turns = Turns(self.beside_server if ahead else self.pace)
-        rows: list[tuple[Exchange, Rows]] = []
-        for ex in batch:
+        rows: list[tuple[Pending, Rows]] = []
+        for record in batch:
+            if isinstance(record, Built):  # built as its journal line was written
+                rows.append((record, record.rows))
+                continue
             try:
-                rows.append((ex, rows_for(ex)))
+                rows.append((record, rows_for(record)))
             except Exception as exc:
-                self.backlog.journal.set_aside(ex, f"cannot build rows: {exc!r}")
+                reason = f"cannot build rows: {exc!r}"
+                self.backlog.journal.set_aside(record.id, encode(record), reason)
             await loop_turns.give()
         await asyncio.sleep(0)  # the relay's turn before the writer's statements start afresh
         return rows

@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.store import check_writable
-from proxy.store.backlog import Backlog
+from proxy.store.backlog import Backlog, Pending, line_of
 from proxy.store.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     StoreError,
@@ -286,7 +286,7 @@ class DatabaseRecorder:
             batches.commit_held()
         batches.move_on()
 
-    async def _deliver(self, rows: list[tuple[Exchange, Rows]]) -> bool:
+    async def _deliver(self, rows: list[tuple[Pending, Rows]]) -> bool:
         """Write a batch; False when the database is unavailable (the batch is kept)."""
         loop = asyncio.get_running_loop()
         self._writing_since = loop.time()
@@ -312,7 +312,7 @@ class DatabaseRecorder:
             self._stall_said = True
             log.warning("database stalled: a write has waited %.0fs", STALLED_AFTER)
 
-    async def _write(self, rows: list[tuple[Exchange, Rows]]) -> None:
+    async def _write(self, rows: list[tuple[Pending, Rows]]) -> None:
         """Write a batch in one transaction; raises `_Outage` when the database is unavailable."""
         try:
             await self._transaction([r for _, r in rows])
@@ -320,13 +320,13 @@ class DatabaseRecorder:
             if not refuses_record(exc):
                 raise _Outage(describe(exc)) from exc
             # One record spoils the batch: find it by writing them one by one.
-            for ex, row in rows:
+            for record, row in rows:
                 try:
                     await self._transaction([row])
                 except Exception as single:
                     if not refuses_record(single):
                         raise _Outage(describe(single)) from single
-                    self.journal.set_aside(ex, describe(single))
+                    self.journal.set_aside(row.id, line_of(record), describe(single))
 
     async def _transaction(self, rows: list[Rows]) -> None:
         if self._writer is None:

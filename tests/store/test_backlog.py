@@ -3,13 +3,16 @@ from the journal file, across sealed segments, and commits nothing the writer di
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
+from typing import Any
 
 from proxy.exchange import Exchange
-from proxy.store.backlog import Backlog
+from proxy.store.backlog import BUILT_FROM, Backlog, Built, Pending
 from proxy.store.journal import Journal
-from proxy.store.lines import encode
+from proxy.store.lines import decode, encode
 from proxy.store.losses import Losses
+from proxy.store.rows import Rows, rows_for
 from tests.dbs import chat_exchange
 
 
@@ -30,8 +33,8 @@ def journaled(backlog: Backlog, count: int) -> list[Exchange]:
     return sent
 
 
-def ids(exchanges: list[Exchange]) -> list[str]:
-    return [ex.id for ex in exchanges]
+def ids(records: list[Exchange] | list[Pending]) -> list[str]:
+    return [record.id for record in records]
 
 
 async def test_the_batch_after_an_uncommitted_one_comes_from_memory(tmp_path: Path) -> None:
@@ -55,7 +58,7 @@ async def test_past_the_memory_the_batch_after_is_read_from_the_file(tmp_path: P
     backlog = opened(tmp_path, queue_size=5)
     sent = journaled(backlog, 25)
     assert len(backlog) == 5  # the other 20 are in the journal only
-    taken: list[Exchange] = []
+    taken: list[Pending] = []
     after = None
     for _ in range(3):
         batch = await backlog.next_batch(10, 0.0, after=after)
@@ -111,3 +114,44 @@ async def test_lines_that_are_not_records_after_an_uncommitted_batch_wait_their_
     backlog.commit(rest)
     assert backlog.journal.done == backlog.journal.end
     assert backlog.done()
+
+
+def containers(root: Any) -> int:
+    """The dicts and lists the collector tracks that `root` holds, however deep (through
+    containers and the record's own objects, not their classes)."""
+    seen: set[int] = set()
+    found, todo = 0, [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or not gc.is_tracked(obj) or isinstance(obj, type):
+            continue
+        seen.add(id(obj))
+        found += isinstance(obj, dict | list)
+        if isinstance(obj, dict | list | tuple | Exchange | Built | Rows):
+            todo.extend(gc.get_referents(obj))
+    return found
+
+
+async def test_a_long_record_waits_as_its_line_and_rows_not_as_its_parsed_response(
+    tmp_path: Path,
+) -> None:
+    """A response with logprobs parses into dicts and lists by the hundred; a record waiting
+    for the writer keeps none of them once journaled, only its line and its rows, which are
+    what the writer would have built."""
+    backlog = opened(tmp_path, queue_size=100)
+    long = chat_exchange(logprobs=[f"t{i}" for i in range(300)])
+    short = chat_exchange()
+    assert len(encode(long)) >= BUILT_FROM > len(encode(short))
+    assert containers(long) > 900
+    expected, line = rows_for(long), encode(long)
+    for ex in (long, short):
+        backlog.add(ex)
+    backlog.flush()
+    batch = await backlog.next_batch(10, 0.0)
+    assert batch is not None
+    built, plain = batch[0]
+    assert plain is short
+    assert isinstance(built, Built) and built.id == long.id
+    assert built.rows == expected and len(built.rows.logprobs) == 300
+    assert built.line == line and decode(built.line).id == long.id
+    assert containers(built) < 20

@@ -23,6 +23,7 @@ from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.relay.headers import key_identity
 from proxy.store import StoreError, create_engine, upgrade
+from proxy.store.backlog import BUILT_FROM
 from proxy.store.lines import decode, encode
 from proxy.store.recorder import DatabaseRecorder, open_recorder
 from tests import dbs
@@ -141,6 +142,33 @@ async def test_every_record_reaches_the_database(db_url: str, tmp_path: Path) ->
     assert recorder.readiness() is None
     await recorder.stop()
     await assert_stored_once(db_url, exchanges, tokens=len(TOKENS))
+    assert spool_files(tmp_path) == []
+
+
+async def test_long_records_reach_the_database_from_the_rows_built_as_they_were_journaled(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Records with long lines wait as their line and rows (`backlog.Built`), among records
+    that wait as themselves: every one is written once, logprobs in their order."""
+    await upgrade(db_url)
+    recorder = await started(config(db_url, tmp_path, batch_size=50))
+    tokens = [f" tok{i}" for i in range(300)]
+    exchanges = [chat_exchange(logprobs=tokens if i % 3 else TOKENS) for i in range(300)]
+    assert len(encode(exchanges[1])) >= BUILT_FROM > len(encode(exchanges[0]))
+    for i, ex in enumerate(exchanges):
+        recorder.accept(ex)
+        if i % 40 == 39:
+            await asyncio.sleep(0)  # journaled a turn's worth at a time, as a server does
+    await recorder.stop()
+    ids = await query(db_url, "SELECT id, count(*) FROM exchanges GROUP BY id")
+    assert sorted(ids) == sorted((ex.id, 1) for ex in exchanges)
+    counts = await query(db_url, "SELECT exchange_id, count(*) FROM logprobs GROUP BY exchange_id")
+    assert dict(counts) == {ex.id: 300 if i % 3 else len(TOKENS) for i, ex in enumerate(exchanges)}
+    stored = await query(
+        db_url,
+        f"SELECT token FROM logprobs WHERE exchange_id = '{exchanges[1].id}' ORDER BY position",
+    )
+    assert [token for (token,) in stored] == tokens
     assert spool_files(tmp_path) == []
 
 
@@ -340,30 +368,34 @@ async def test_corrupt_spool_lines_are_set_aside(
     assert spool_files(tmp_path) == ["records.spool.bad"]
 
 
-def _poisoned(where: str) -> Exchange:
+def _poisoned(where: str, logprobs: list[str] | None) -> Exchange:
     """A record with a value no database takes (a lone surrogate) in its exchange row, the
     first table a batch writes, or in a choice row, written after the exchange rows."""
     if where == "exchange":
-        return chat_exchange(user="bad \ud800 surrogate")
-    ex = chat_exchange()  # the body as received stays valid; the parsed choice does not
+        return chat_exchange(user="bad \ud800 surrogate", logprobs=logprobs)
+    ex = chat_exchange(logprobs=logprobs)  # the body as received stays valid; the choice not
     ex.response_json["choices"][0]["message"]["content"] = "bad \ud800 surrogate"
     return ex
 
 
 @pytest.mark.parametrize("where", ["exchange", "choice"])
+@pytest.mark.parametrize("length", ["short", "long"])
 async def test_a_record_the_database_refuses_does_not_block_the_rest(
-    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str, length: str
 ) -> None:
+    """Also a record waiting as its line and rows (`backlog.Built`): its line is set aside."""
     await upgrade(db_url)
     recorder = await started(config(db_url, tmp_path, batch_interval=0.2))
-    poisoned = _poisoned(where)
+    poisoned = _poisoned(where, [f"t{i}" for i in range(300)] if length == "long" else None)
+    assert (len(encode(poisoned)) >= BUILT_FROM) == (length == "long")
     fine = [chat_exchange(), chat_exchange()]
     for ex in (fine[0], poisoned, fine[1]):  # one batch
         recorder.accept(ex)
     with caplog.at_level(logging.WARNING):
         await recorder.stop()
     await assert_stored_once(db_url, fine)
-    assert poisoned.id.encode() in (tmp_path / "records.spool.bad").read_bytes()
+    (bad,) = (tmp_path / "records.spool.bad").read_bytes().splitlines(keepends=True)
+    assert bad == encode(poisoned)
     assert any(poisoned.id in r.getMessage() for r in caplog.records)
 
 
