@@ -1,11 +1,11 @@
 """The records waiting for the database writer, in the order the writer takes them.
 
-`add()` buffers a record; one write at the end of the event loop's turn appends the buffer to
-the journal (records completed together, in one batch of `Deferred`, go in one write), so the
-relay never waits on the disk or the database. Journaled records also stay in memory, up to
-`queue_size`, so the writer rarely reads the file back. Records the journal refuses (full,
-disk full, not writable) are kept in memory only and go first; what does not fit is lost,
-counted by `Losses`.
+`add()` encodes a record's journal line and buffers it; one write at the end of the event
+loop's turn appends the buffer to the journal (records completed together, in one batch of
+`Deferred`, go in one write), so the relay never waits on the disk or the database.
+Journaled records also stay in memory, up to `queue_size`, so the writer rarely reads the file
+back. Records the journal refuses (full, disk full, not writable) are kept in memory only and
+go first; what does not fit is lost, counted by `Losses`.
 
 `next_batch()` hands the writer up to `batch_size` records and the journal position they end
 at: from memory while the copies are there, else read back from the file (after the memory
@@ -13,10 +13,11 @@ overflowed, or after a restart). The writer takes the next batch while the one b
 being written (`after`: where that one ends), so nothing here commits past what it was told is
 in the database: the writer commits each batch, in order, once it is.
 
-A record with a long journal line waits as that line and its rows (`Built`), built when the
-line is written, not as itself: a response with logprobs parses into thousands of dicts and
-lists, and while records wait for a busy writer the cyclic garbage collector scanned them again
-and again, a third of a saturated worker's time (docs/performance.md).
+A record with a long journal line waits as that line and its rows (`Built`), built with the
+line as the record is added, not as itself: a response with logprobs parses into thousands of
+dicts and lists, and while records wait for a busy writer the cyclic garbage collector scanned
+them again and again, a third of a saturated worker's time (docs/performance.md). Built while
+the record is fresh, the parsed response goes with the request that made it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 from proxy.exchange import Exchange
 from proxy.store.journal import Journal, Position
-from proxy.store.lines import decode, encode
+from proxy.store.lines import encode
 from proxy.store.losses import Losses
 from proxy.store.rows import Rows, rows_for
 
@@ -72,9 +73,17 @@ def line_of(record: Pending) -> bytes:
     return record.line if isinstance(record, Built) else encode(record)
 
 
-def exchange_of(record: Pending) -> Exchange:
-    """The record as an exchange."""
-    return decode(record.line) if isinstance(record, Built) else record
+def lines_of(records: list[Pending]) -> tuple[list[bytes], list[str]]:
+    """The records' journal lines, and the ids of those that have none (a bug, logged when
+    they were added)."""
+    lines: list[bytes] = []
+    missing: list[str] = []
+    for record in records:
+        try:
+            lines.append(line_of(record))
+        except Exception:
+            missing.append(record.id)
+    return lines, missing
 
 
 class Backlog:
@@ -84,11 +93,12 @@ class Backlog:
         self.queue_size = queue_size
         self.arrived = asyncio.Event()
         """Set when records were added; the writer clears it before it waits."""
-        self._buffer: list[Exchange] = []
+        self._buffer: list[tuple[Pending, bytes | None]] = []
+        """Records for the journal's next write, each with its line (None: it has none)."""
         self._flush_soon: asyncio.Handle | None = None
         self._fresh: deque[tuple[Position, Position, Pending]] = deque()
         """Journaled records still in memory: (start, end, record), in journal order."""
-        self._loose: deque[Exchange] = deque()
+        self._loose: deque[Pending] = deque()
         """Records the journal refused, kept in memory only."""
         self.journaled = 0
         """Records appended to the journal since start."""
@@ -133,7 +143,16 @@ class Backlog:
         return len(self._fresh) + len(self._loose)
 
     def add(self, exchange: Exchange) -> None:
-        self._buffer.append(exchange)
+        """Buffer a record for the journal's next write, as its line: encoded now, while the
+        record is fresh, so that a long one's parsed response is gone as soon as the request
+        that made it is done (`waiting`)."""
+        try:
+            line = encode(exchange)
+        except Exception:  # a bug must not cost the record: kept in memory for the writer
+            log.exception("exchange %s: its journal line failed", exchange.id)
+            self._buffer.append((exchange, None))
+        else:
+            self._buffer.append((waiting(exchange, line), line))
         if self._flush_soon is None:
             self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
 
@@ -145,29 +164,42 @@ class Backlog:
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, []
-        try:
-            lines = [encode(ex) for ex in buffered]
-            ends = self.journal.append(lines)
-        except Exception:  # a bug must not cost the records: keep them for the writer
-            log.exception("journaling %d records failed", len(buffered))
-            lines, ends = [], None
-        room = self.queue_size - len(self)
+        lined = [(record, line) for record, line in buffered if line is not None]
+        ends = self._append([line for _, line in lined])
         if ends is None:
-            # Memory is for what is nowhere else: journaled copies make way (read back later).
-            while self._fresh and room < len(buffered):
-                self._fresh.pop()
-                room += 1
-            self._loose.extend(buffered[:room])
-            self.losses.kept_in_memory(buffered[:room])
-            self.losses.lost(buffered[room:])
-        else:
-            self.journaled += len(buffered)
-            for ex, line, end in zip(buffered[: max(room, 0)], lines, ends, strict=False):
-                self._fresh.append(((end[0], end[1] - len(line)), end, waiting(ex, line)))
+            lined = []
+        self._keep_loose([record for record, line in buffered if line is None or ends is None])
+        room = self.queue_size - len(self)
+        self.journaled += len(lined)
+        for (record, line), end in zip(lined[: max(room, 0)], ends or (), strict=False):
+            self._fresh.append(((end[0], end[1] - len(line)), end, record))
         self.losses.report()
         self.arrived.set()
 
-    def only_in_memory(self) -> list[Exchange]:
+    def _append(self, lines: list[bytes]) -> list[Position] | None:
+        """`Journal.append`; None when it refuses or fails."""
+        if not lines:
+            return []
+        try:
+            return self.journal.append(lines)
+        except Exception:  # a bug must not cost the records: kept in memory for the writer
+            log.exception("journaling %d records failed", len(lines))
+            return None
+
+    def _keep_loose(self, records: list[Pending]) -> None:
+        """Keep records the journal does not hold in memory, as far as `queue_size` goes."""
+        if not records:
+            return
+        room = self.queue_size - len(self)
+        # Memory is for what is nowhere else: journaled copies make way (read back later).
+        while self._fresh and room < len(records):
+            self._fresh.pop()
+            room += 1
+        self._loose.extend(records[:room])
+        self.losses.kept_in_memory(len(records[:room]))
+        self.losses.lost([record.id for record in records[room:]])
+
+    def only_in_memory(self) -> list[Pending]:
         """The records the journal does not hold, taken out (at shutdown)."""
         loose = list(self._loose)
         self._loose.clear()

@@ -19,9 +19,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from proxy.exchange import Exchange
 from proxy.store import turns
-from proxy.store.backlog import Backlog, Batch, Built, Pending, exchange_of
+from proxy.store.backlog import Backlog, Batch, Built, Pending
 from proxy.store.journal import Position
 from proxy.store.lines import encode
 from proxy.store.rows import Rows, rows_for
@@ -104,10 +103,10 @@ class Batches:
         """Whether nothing is left to write."""
         return self.held is None and self.ahead is None and self.backlog.done()
 
-    def only_in_memory(self) -> list[Exchange]:
+    def only_in_memory(self) -> list[Pending]:
         """The records of the taken batches that the journal does not hold (at shutdown)."""
         return [
-            exchange_of(record)
+            record
             for taken in (self.held, self.ahead)
             if taken is not None and taken.batch[1] is None
             for record in taken.batch[0]

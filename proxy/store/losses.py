@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 
-from proxy.exchange import Exchange
 from proxy.store.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -33,14 +32,15 @@ class Losses:
         self._last = -EVERY
         self._why = ""
 
-    def kept_in_memory(self, exchanges: list[Exchange]) -> None:
-        self.in_memory_total += len(exchanges)
-        self._in_memory += len(exchanges)
+    def kept_in_memory(self, count: int) -> None:
+        self.in_memory_total += count
+        self._in_memory += count
         self._why = self._journal.problem or self._why
 
-    def lost(self, exchanges: list[Exchange]) -> None:
-        self.lost_total += len(exchanges)
-        self._lost += [ex.id for ex in exchanges]
+    def lost(self, ids: list[str]) -> None:
+        """The records of these exchange ids are lost."""
+        self.lost_total += len(ids)
+        self._lost += ids
         self._why = self._journal.problem or self._why
 
     def report(self, *, force: bool = False) -> None:

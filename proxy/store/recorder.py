@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.store import check_writable
-from proxy.store.backlog import Backlog, Pending, line_of
+from proxy.store.backlog import Backlog, Pending, line_of, lines_of
 from proxy.store.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     StoreError,
@@ -54,7 +54,6 @@ from proxy.store.engine import (
     describe,
 )
 from proxy.store.journal import Journal
-from proxy.store.lines import encode
 from proxy.store.lookahead import Batches
 from proxy.store.losses import Losses
 from proxy.store.migrate import prepare
@@ -218,11 +217,14 @@ class DatabaseRecorder:
         if self._engine is not None:
             await self._engine.dispose()
 
-    def _keep_after_close(self, exchanges: list[Exchange]) -> None:
+    def _keep_after_close(self, records: list[Pending]) -> None:
         """The journal is the only place left (the next start reads it): whatever it refuses
-        now is lost."""
-        if exchanges and not self.journal.append_closed([encode(ex) for ex in exchanges]):
-            self.losses.lost(exchanges)
+        now is lost, and so is a record without a journal line."""
+        lines, lost = lines_of(records)
+        if lines and not self.journal.append_closed(lines):
+            lost = [record.id for record in records]
+        if lost:
+            self.losses.lost(lost)
             self.losses.report(force=True)
 
     # The writer.

@@ -155,3 +155,22 @@ async def test_a_long_record_waits_as_its_line_and_rows_not_as_its_parsed_respon
     assert built.rows == expected and len(built.rows.logprobs) == 300
     assert built.line == line and decode(built.line).id == long.id
     assert containers(built) < 20
+
+
+async def test_records_the_journal_refuses_wait_in_memory_long_ones_as_their_rows(
+    tmp_path: Path,
+) -> None:
+    """A full journal: records are kept in memory only, the long one still without its parsed
+    response, and handed to the writer first, with no journal position to commit."""
+    backlog = opened(tmp_path, queue_size=100, max_bytes=4096)
+    long = chat_exchange(logprobs=[f"t{i}" for i in range(300)])
+    short = chat_exchange()
+    for ex in (long, short):
+        backlog.add(ex)
+    backlog.flush()
+    assert backlog.journal.problem and backlog.losses.in_memory_total == 2
+    batch = await backlog.next_batch(10, 0.0)
+    assert batch is not None and batch[1] is None
+    built, plain = batch[0]
+    assert isinstance(built, Built) and built.rows == rows_for(long) and plain is short
+    assert containers(built) < 20
