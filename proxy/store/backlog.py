@@ -1,8 +1,8 @@
 """The records waiting for the database writer, in the order the writer takes them.
 
-`add()` encodes a record's journal line and buffers it; one write at the end of the event
-loop's turn appends the buffer to the journal (records completed together, in one batch of
-`Deferred`, go in one write), so the relay never waits on the disk or the database.
+`add()` buffers a record; one write at the end of the event loop's turn appends the buffer to
+the journal (records completed together, in one batch of `Deferred`, go in one write), so the
+relay never waits on the disk or the database.
 Journaled records also stay in memory, up to `queue_size`, so the writer rarely reads the file
 back. Records the journal refuses (full, disk full, not writable) are kept in memory only and
 go first; what does not fit is lost, counted by `Losses`.
@@ -13,11 +13,12 @@ overflowed, or after a restart). The writer takes the next batch while the one b
 being written (`after`: where that one ends), so nothing here commits past what it was told is
 in the database: the writer commits each batch, in order, once it is.
 
-A record with a long journal line waits as that line and its rows (`Built`), built with the
-line as the record is added, not as itself: a response with logprobs parses into thousands of
-dicts and lists, and while records wait for a busy writer the cyclic garbage collector scanned
-them again and again, a third of a saturated worker's time (docs/performance.md). Built while
-the record is fresh, the parsed response goes with the request that made it.
+A record with a long journal line waits as that line and its rows (`Built`), not as itself:
+a response with logprobs parses into thousands of dicts and lists, and while records wait for
+a busy writer the cyclic garbage collector scanned them again and again, a third of a
+saturated worker's time (docs/performance.md). A record with long bodies is encoded, and its
+rows built, as it is added, while it is fresh; the others at the end of the turn, together,
+which costs plain traffic less (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 BUILT_FROM = 16 * 1024
 """Journal lines this long or longer wait as `Built` (a plain chat exchange's is ~2 KB, one
-with 100 logprob tokens ~40 KB)."""
+with 100 logprob tokens ~40 KB); records whose bodies come to this many bytes are encoded as
+they are added."""
 
 
 @dataclass(slots=True)
@@ -86,6 +88,19 @@ def lines_of(records: list[Pending]) -> tuple[list[bytes], list[str]]:
     return lines, missing
 
 
+Lined = tuple[Pending, bytes | None]
+"""A record as it waits, with its journal line (None: it cannot have one)."""
+
+
+def _lined(exchange: Exchange) -> Lined:
+    try:
+        line = encode(exchange)
+    except Exception:  # a bug must not cost the record: kept in memory for the writer
+        log.exception("exchange %s: its journal line failed", exchange.id)
+        return exchange, None
+    return waiting(exchange, line), line
+
+
 class Backlog:
     def __init__(self, journal: Journal, losses: Losses, queue_size: int) -> None:
         self.journal = journal
@@ -93,8 +108,8 @@ class Backlog:
         self.queue_size = queue_size
         self.arrived = asyncio.Event()
         """Set when records were added; the writer clears it before it waits."""
-        self._buffer: list[tuple[Pending, bytes | None]] = []
-        """Records for the journal's next write, each with its line (None: it has none)."""
+        self._buffer: list[Exchange | Lined] = []
+        """Records for the journal's next write: as they came, or with their line already."""
         self._flush_soon: asyncio.Handle | None = None
         self._fresh: deque[tuple[Position, Position, Pending]] = deque()
         """Journaled records still in memory: (start, end, record), in journal order."""
@@ -143,16 +158,13 @@ class Backlog:
         return len(self._fresh) + len(self._loose)
 
     def add(self, exchange: Exchange) -> None:
-        """Buffer a record for the journal's next write, as its line: encoded now, while the
-        record is fresh, so that a long one's parsed response is gone as soon as the request
-        that made it is done (`waiting`)."""
-        try:
-            line = encode(exchange)
-        except Exception:  # a bug must not cost the record: kept in memory for the writer
-            log.exception("exchange %s: its journal line failed", exchange.id)
-            self._buffer.append((exchange, None))
+        """Buffer a record for the journal's next write. One with long bodies is encoded now,
+        while it is fresh, so that its parsed response goes with the request that made it
+        (`waiting`); the others with the turn's other records (`flush`)."""
+        if exchange.response_bytes + len(exchange.request_body or b"") < BUILT_FROM:
+            self._buffer.append(exchange)
         else:
-            self._buffer.append((waiting(exchange, line), line))
+            self._buffer.append(_lined(exchange))
         if self._flush_soon is None:
             self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
 
@@ -163,7 +175,8 @@ class Backlog:
             self._flush_soon = None
         if not self._buffer:
             return
-        buffered, self._buffer = self._buffer, []
+        buffered = [b if isinstance(b, tuple) else _lined(b) for b in self._buffer]
+        self._buffer = []
         lined = [(record, line) for record, line in buffered if line is not None]
         ends = self._append([line for _, line in lined])
         if ends is None:
