@@ -2,10 +2,10 @@
 
 `add()` buffers a record; one write at the end of the event loop's turn appends the buffer to
 the journal (records completed together, in one batch of `Deferred`, go in one write), so the
-relay never waits on the disk or the database.
-Journaled records also stay in memory, up to `queue_size`, so the writer rarely reads the file
-back. Records the journal refuses (full, disk full, not writable) are kept in memory only and
-go first; what does not fit is lost, counted by `Losses`.
+relay never waits on the disk or the database. Journaled records also stay in memory, up to
+`queue_size`, so the writer rarely reads the file back. Records the journal refuses (full,
+disk full, not writable) are kept in memory only and go first; what does not fit is lost,
+counted by `Losses`.
 
 `next_batch()` hands the writer up to `batch_size` records and the journal position they end
 at: from memory while the copies are there, else read back from the file (after the memory
@@ -17,8 +17,9 @@ A record with a long journal line waits as that line and its rows (`Built`), not
 a response with logprobs parses into thousands of dicts and lists, and while records wait for
 a busy writer the cyclic garbage collector scanned them again and again, a third of a
 saturated worker's time (docs/performance.md). A record with long bodies is encoded, and its
-rows built, as it is added, while it is fresh; the others at the end of the turn, together,
-which costs plain traffic less (docs/performance.md).
+rows built, as it is added, while it is fresh (when memory has room for it); the others at the
+end of the turn, together, which costs plain traffic less. Their rows are built outside the
+writer's paced stretches (`store.turns`): in the turn that completes the request.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ they are added."""
 
 @dataclass(slots=True)
 class Built:
-    """A journaled record waiting as its line and its rows, built as the line was written."""
+    """A record waiting as its journal line and its rows, built with the line."""
 
     line: bytes
     rows: Rows
@@ -60,14 +61,15 @@ Batch = tuple[list[Pending], Position | None]
 """Records to write and the journal position they end at (None: not journaled)."""
 
 
-def waiting(ex: Exchange, line: bytes) -> Pending:
-    """What a journaled record waits as: itself, or its line and rows when the line is long."""
-    if len(line) < BUILT_FROM:
-        return ex
+def waiting(record: Pending, line: bytes) -> Pending:
+    """What a journaled record kept in memory waits as: itself, or, when its line is long, its
+    line and its rows (built once)."""
+    if isinstance(record, Built) or len(line) < BUILT_FROM:
+        return record
     try:
-        return Built(line, rows_for(ex))
+        return Built(line, rows_for(record))
     except Exception:  # the writer builds them again, fails the same way and sets it aside
-        return ex
+        return record
 
 
 def line_of(record: Pending) -> bytes:
@@ -89,16 +91,17 @@ def lines_of(records: list[Pending]) -> tuple[list[bytes], list[str]]:
 
 
 Lined = tuple[Pending, bytes | None]
-"""A record as it waits, with its journal line (None: it cannot have one)."""
+"""A record with its journal line (None: it cannot have one)."""
+UNENCODED = "a record's journal line could not be made (a bug, logged)"
+"""Why a record is in memory only while the journal is fine."""
 
 
-def _lined(exchange: Exchange) -> Lined:
+def _encoded(exchange: Exchange) -> Lined:
     try:
-        line = encode(exchange)
+        return exchange, encode(exchange)
     except Exception:  # a bug must not cost the record: kept in memory for the writer
         log.exception("exchange %s: its journal line failed", exchange.id)
         return exchange, None
-    return waiting(exchange, line), line
 
 
 class Backlog:
@@ -158,13 +161,17 @@ class Backlog:
         return len(self._fresh) + len(self._loose)
 
     def add(self, exchange: Exchange) -> None:
-        """Buffer a record for the journal's next write. One with long bodies is encoded now,
-        while it is fresh, so that its parsed response goes with the request that made it
-        (`waiting`); the others with the turn's other records (`flush`)."""
+        """Buffer a record for the journal's next write. One with long bodies that memory has
+        room for is encoded now, and its rows built, while it is fresh, so that its parsed
+        response goes with the request that made it (`waiting`); the others with the turn's
+        other records (`flush`)."""
         if exchange.response_bytes + len(exchange.request_body or b"") < BUILT_FROM:
             self._buffer.append(exchange)
+        elif len(self) + len(self._buffer) >= self.queue_size:
+            self._buffer.append(exchange)  # read back from the journal: rows built then
         else:
-            self._buffer.append(_lined(exchange))
+            record, line = _encoded(exchange)
+            self._buffer.append((record if line is None else waiting(record, line), line))
         if self._flush_soon is None:
             self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
 
@@ -175,19 +182,24 @@ class Backlog:
             self._flush_soon = None
         if not self._buffer:
             return
-        buffered = [b if isinstance(b, tuple) else _lined(b) for b in self._buffer]
+        buffered = [b if isinstance(b, tuple) else _encoded(b) for b in self._buffer]
         self._buffer = []
         lined = [(record, line) for record, line in buffered if line is not None]
         ends = self._append([line for _, line in lined])
         if ends is None:
-            lined = []
-        self._keep_loose([record for record, line in buffered if line is None or ends is None])
-        room = self.queue_size - len(self)
-        self.journaled += len(lined)
-        for (record, line), end in zip(lined[: max(room, 0)], ends or (), strict=False):
-            self._fresh.append(((end[0], end[1] - len(line)), end, record))
+            self._keep_loose(buffered, self.journal.problem)
+        else:
+            self._keep_loose([(record, None) for record, line in buffered if line is None])
+            self._keep_fresh(lined, ends)
         self.losses.report()
         self.arrived.set()
+
+    def _keep_fresh(self, lined: list[tuple[Pending, bytes]], ends: list[Position]) -> None:
+        """Keep journaled records in memory for the writer, as far as `queue_size` goes."""
+        self.journaled += len(lined)
+        room = self.queue_size - len(self)
+        for (record, line), end in zip(lined[: max(room, 0)], ends, strict=False):
+            self._fresh.append(((end[0], end[1] - len(line)), end, waiting(record, line)))
 
     def _append(self, lines: list[bytes]) -> list[Position] | None:
         """`Journal.append`; None when it refuses or fails."""
@@ -199,7 +211,7 @@ class Backlog:
             log.exception("journaling %d records failed", len(lines))
             return None
 
-    def _keep_loose(self, records: list[Pending]) -> None:
+    def _keep_loose(self, records: list[Lined], why: str | None = UNENCODED) -> None:
         """Keep records the journal does not hold in memory, as far as `queue_size` goes."""
         if not records:
             return
@@ -208,9 +220,12 @@ class Backlog:
         while self._fresh and room < len(records):
             self._fresh.pop()
             room += 1
-        self._loose.extend(records[:room])
-        self.losses.kept_in_memory(len(records[:room]))
-        self.losses.lost([record.id for record in records[room:]])
+        kept = records[:room]
+        self._loose.extend(
+            record if line is None else waiting(record, line) for record, line in kept
+        )
+        self.losses.kept_in_memory(len(kept), why)
+        self.losses.lost([record.id for record, _ in records[room:]], why)
 
     def only_in_memory(self) -> list[Pending]:
         """The records the journal does not hold, taken out (at shutdown)."""

@@ -32,16 +32,19 @@ class Losses:
         self._last = -EVERY
         self._why = ""
 
-    def kept_in_memory(self, count: int) -> None:
+    def kept_in_memory(self, count: int, why: str | None = None) -> None:
+        """`count` records are kept in memory only: `why`, else the journal's problem."""
         self.in_memory_total += count
         self._in_memory += count
-        self._why = self._journal.problem or self._why
+        self._why = why or self._journal.problem or self._why
 
-    def lost(self, ids: list[str]) -> None:
-        """The records of these exchange ids are lost."""
+    def lost(self, ids: list[str], why: str | None = None) -> None:
+        """The records of these exchange ids are lost: `why`, else the journal's problem."""
+        if not ids:
+            return
         self.lost_total += len(ids)
         self._lost += ids
-        self._why = self._journal.problem or self._why
+        self._why = why or self._journal.problem or self._why
 
     def report(self, *, force: bool = False) -> None:
         if not (self._in_memory or self._lost):

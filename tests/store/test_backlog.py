@@ -4,11 +4,14 @@ from the journal file, across sealed segments, and commits nothing the writer di
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proxy.exchange import Exchange
-from proxy.store.backlog import BUILT_FROM, Backlog, Built, Pending
+from proxy.store.backlog import BUILT_FROM, UNENCODED, Backlog, Built, Pending
 from proxy.store.journal import Journal
 from proxy.store.lines import decode, encode
 from proxy.store.losses import Losses
@@ -161,7 +164,7 @@ async def test_records_the_journal_refuses_wait_in_memory_long_ones_as_their_row
     tmp_path: Path,
 ) -> None:
     """A full journal: records are kept in memory only, the long one still without its parsed
-    response, and handed to the writer first, with no journal position to commit."""
+    response, and handed to the writer with no journal position to commit."""
     backlog = opened(tmp_path, queue_size=100, max_bytes=4096)
     long = chat_exchange(logprobs=[f"t{i}" for i in range(300)])
     short = chat_exchange()
@@ -174,3 +177,48 @@ async def test_records_the_journal_refuses_wait_in_memory_long_ones_as_their_row
     built, plain = batch[0]
     assert isinstance(built, Built) and built.rows == rows_for(long) and plain is short
     assert containers(built) < 20
+
+
+async def test_long_records_past_the_memory_wait_in_the_journal_only(tmp_path: Path) -> None:
+    """Memory holds `queue_size` records, long ones as `Built`; the rest are read back from
+    the file as exchanges, whose rows the writer builds then."""
+    backlog = opened(tmp_path, queue_size=2)
+    sent = [chat_exchange(logprobs=[f"t{i}" for i in range(300)]) for _ in range(4)]
+    for ex in sent:
+        backlog.add(ex)
+    backlog.flush()
+    assert len(backlog) == 2
+    first = await backlog.next_batch(10, 0.0)
+    assert first is not None and all(isinstance(r, Built) for r in first[0])
+    rest = await backlog.next_batch(10, 0.0, after=first[1])
+    assert rest is not None and all(isinstance(r, Exchange) for r in rest[0])
+    assert ids(first[0]) + ids(rest[0]) == ids(sent)
+    assert [rows_for(r) for r in rest[0] if isinstance(r, Exchange)] == [
+        rows_for(ex) for ex in sent[2:]
+    ]
+
+
+async def test_a_record_without_a_journal_line_waits_in_memory_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record that cannot be encoded (here tags that hold themselves) is kept in memory and
+    handed over first; the records of its turn are journaled as usual, and the log says why."""
+    backlog = opened(tmp_path, queue_size=100)
+    tags: dict[str, Any] = {}
+    tags["self"] = tags
+    odd = chat_exchange(tags=tags)
+    sent = [chat_exchange(), odd, chat_exchange(logprobs=[f"t{i}" for i in range(300)])]
+    with caplog.at_level(logging.WARNING):
+        for ex in sent:
+            backlog.add(ex)
+        backlog.flush()
+        backlog.losses.report(force=True)
+    assert backlog.journaled == 2 and backlog.losses.in_memory_total == 1
+    loose = await backlog.next_batch(10, 0.0)
+    assert loose is not None and loose[0] == [odd] and loose[1] is None
+    journaled = await backlog.next_batch(10, 0.0)
+    assert journaled is not None and ids(journaled[0]) == ids([sent[0], sent[2]])
+    assert any(
+        f"exchange {odd.id}: its journal line failed" in r.getMessage() for r in caplog.records
+    )
+    assert any(UNENCODED in r.getMessage() for r in caplog.records)

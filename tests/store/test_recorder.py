@@ -159,6 +159,10 @@ async def test_long_records_reach_the_database_from_the_rows_built_as_they_were_
         recorder.accept(ex)
         if i % 40 == 39:
             await asyncio.sleep(0)  # journaled a turn's worth at a time, as a server does
+    await asyncio.sleep(0)
+    # What is stored is what was journaled: the long records' rows were built with their
+    # lines, so a change to the exchange since does not reach the database.
+    exchanges[1].response_json["choices"][0]["logprobs"]["content"][0]["token"] = "changed"
     await recorder.stop()
     ids = await query(db_url, "SELECT id, count(*) FROM exchanges GROUP BY id")
     assert sorted(ids) == sorted((ex.id, 1) for ex in exchanges)
@@ -170,6 +174,32 @@ async def test_long_records_reach_the_database_from_the_rows_built_as_they_were_
     )
     assert [token for (token,) in stored] == tokens
     assert spool_files(tmp_path) == []
+
+
+async def test_a_record_without_a_journal_line_is_written_or_counted_lost_never_a_failure(
+    sqlite_db: str, tmp_path: Path
+) -> None:
+    """A record that cannot be encoded (tags that hold themselves) waits in memory only: it
+    is written when the database is there; at shutdown without one it is counted lost, and
+    the records journaled with it are kept for the next start."""
+    tags: dict[str, Any] = {}
+    tags["self"] = tags
+    recorder = await started(config(sqlite_db, tmp_path))
+    odd, fine = chat_exchange(tags=tags), chat_exchange()
+    for ex in (odd, fine):
+        recorder.accept(ex)
+    await recorder.stop()
+    await assert_stored_once(sqlite_db, [odd, fine])
+    assert recorder.losses.in_memory_total == 1 and recorder.losses.lost_total == 0
+
+    with SqliteLock(sqlite_db):  # no database this time: both are left at shutdown
+        recorder = await started(config(sqlite_db, tmp_path, shutdown_grace=0.5))
+        late, other = chat_exchange(tags=tags), chat_exchange()
+        for ex in (late, other):
+            recorder.accept(ex)
+        await recorder.stop()
+    assert recorder.losses.lost_total == 1
+    assert [decode(line).id for line in journal_lines(tmp_path)] == [other.id]
 
 
 async def test_postgres_outage_mid_traffic_spills_and_recovers(pg_url: str, tmp_path: Path) -> None:
