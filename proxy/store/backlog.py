@@ -61,10 +61,10 @@ Batch = tuple[list[Pending], Position | None]
 """Records to write and the journal position they end at (None: not journaled)."""
 
 
-def waiting(record: Pending, line: bytes) -> Pending:
-    """What a journaled record kept in memory waits as: itself, or, when its line is long, its
-    line and its rows (built once)."""
-    if isinstance(record, Built) or len(line) < BUILT_FROM:
+def waiting(record: Pending, line: bytes | None) -> Pending:
+    """What a record kept in memory waits as: itself, or, when its line is long, its line and
+    its rows (built once). A record without a line (None) waits as itself."""
+    if line is None or isinstance(record, Built) or len(line) < BUILT_FROM:
         return record
     try:
         return Built(line, rows_for(record))
@@ -165,13 +165,13 @@ class Backlog:
         room for is encoded now, and its rows built, while it is fresh, so that its parsed
         response goes with the request that made it (`waiting`); the others with the turn's
         other records (`flush`)."""
-        if exchange.response_bytes + len(exchange.request_body or b"") < BUILT_FROM:
+        short = exchange.response_bytes + len(exchange.request_body or b"") < BUILT_FROM
+        # Past `queue_size` it is read back from the journal, and its rows are built then.
+        if short or len(self) + len(self._buffer) >= self.queue_size:
             self._buffer.append(exchange)
-        elif len(self) + len(self._buffer) >= self.queue_size:
-            self._buffer.append(exchange)  # read back from the journal: rows built then
         else:
             record, line = _encoded(exchange)
-            self._buffer.append((record if line is None else waiting(record, line), line))
+            self._buffer.append((waiting(record, line), line))
         if self._flush_soon is None:
             self._flush_soon = asyncio.get_running_loop().call_soon(self.flush)
 
@@ -221,9 +221,7 @@ class Backlog:
             self._fresh.pop()
             room += 1
         kept = records[:room]
-        self._loose.extend(
-            record if line is None else waiting(record, line) for record, line in kept
-        )
+        self._loose.extend(waiting(record, line) for record, line in kept)
         self.losses.kept_in_memory(len(kept), why)
         self.losses.lost([record.id for record, _ in records[room:]], why)
 

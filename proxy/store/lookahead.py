@@ -20,9 +20,8 @@ import logging
 from dataclasses import dataclass
 
 from proxy.store import turns
-from proxy.store.backlog import Backlog, Batch, Built, Pending
+from proxy.store.backlog import Backlog, Batch, Built, Pending, line_of
 from proxy.store.journal import Position
-from proxy.store.lines import encode
 from proxy.store.rows import Rows, rows_for
 from proxy.store.turns import Turns
 
@@ -147,7 +146,7 @@ class Batches:
                 rows.append((record, rows_for(record)))
             except Exception as exc:
                 reason = f"cannot build rows: {exc!r}"
-                self.backlog.journal.set_aside(record.id, encode(record), reason)
+                self.backlog.journal.set_aside(record.id, line_of(record), reason)
             await loop_turns.give()
         await asyncio.sleep(0)  # the relay's turn before the writer's statements start afresh
         return rows

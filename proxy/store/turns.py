@@ -68,11 +68,7 @@ def pace(waiting: int, batch: int, others: float) -> float:
     """The writer's next stretch of work, with `waiting` records behind it, after the relay's
     turn took `others` seconds: `budget`, or `share` times that turn if longer, up to
     `MAX_STRETCH`."""
-    return max(budget(waiting, batch), _shared(waiting, batch, others))
-
-
-def _shared(waiting: int, batch: int, others: float) -> float:
-    return min(share(waiting, batch) * others, MAX_STRETCH)
+    return max(budget(waiting, batch), min(share(waiting, batch) * others, MAX_STRETCH))
 
 
 def beside_server(waiting: int, batch: int, others: float) -> float:
@@ -83,7 +79,7 @@ def beside_server(waiting: int, batch: int, others: float) -> float:
     replies), and a multiple of it would leave the server idle (`store.lookahead` gives the
     share once the batch before is committed and the writer waits for these rows).
 
-    Behind a busy relay the writer takes its whole pace: otherwise a saturated worker recorded
+    Behind a busy relay the writer takes its whole budget: otherwise a saturated worker recorded
     a fraction of what it served (docs/performance.md). A loop with little else to do than the
     writer's own statements comes back soon, and the stretches stay short, so the server's
     reply to a statement in flight is read soon after it comes instead of after a long
