@@ -168,7 +168,8 @@ def flightrec_target(
     argv += ["--upstream", upstream, "--db", db_url]
     if code is None:
         code = BASE if name.startswith("base-") and BASE is not None else HERE.parent
-    env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "PYTHONPATH": str(code)}
+    env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool")}
+    env["PYTHONPATH"] = procs.pythonpath(code)
     env["FLIGHTREC_CONSOLE_PORT"] = "0"  # the bench measures the proxy; targets run side by side
     if CONFIG is not None and not name.startswith("base-"):
         env["FLIGHTREC_CONFIG"] = str(CONFIG.resolve())

@@ -46,6 +46,7 @@ import asyncpg  # type: ignore[import-untyped]
 import orjson
 from sqlalchemy.engine import make_url
 
+from bench.procs import pythonpath
 from proxy.config import Config
 from proxy.exchange import Exchange
 from proxy.store import upgrade
@@ -253,7 +254,7 @@ def run_one(checkout: Path, engine: str, workload: str, args: argparse.Namespace
     command = [sys.executable, "-m", "bench.bench_record", "--one", engine, workload]
     command += ["--count", str(args.count)] + (["--pg", args.pg] if args.pg else [])
     command += ["--per-turn", str(args.per_turn)]  # always: both sides fed the same way
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(checkout)}
     done = subprocess.run(
         command, cwd=checkout, env=env, capture_output=True, text=True, check=False
     )

@@ -86,7 +86,7 @@ def count(
         argv = [sys.executable, "-m", "bench.procs", "flightrec-memory", "--port", str(port)]
         argv += ["--upstream", base_url, "--count-file", str(work / "counts.json")]
         # The checkout's own code, its bench's launcher included (not this directory's).
-        env = {"PYTHONPATH": str(code)}
+        env = {"PYTHONPATH": procs.pythonpath(code)}
         about = f"flightrec without a database, the code in {code}"
         proxy = procs.Target("memory-callgrind", about, argv, port, env, str(work))
         proxy.ready_path = "/healthz"

@@ -35,6 +35,12 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+def pythonpath(code: Path) -> str:
+    """PYTHONPATH for a child running the checkout `code`: it first, then the path inherited,
+    which may be where the dependencies are (`pip install --target DIR`, no virtualenv)."""
+    return os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,7 +1,7 @@
 """Scaling: `flightrec serve --workers N` against the bare relay in N processes, N = 1, 2, ...
 
     python -m bench.scale [--quick] [--workers 1,2,4,8] [--loaders L] [--connections C]
-        [--seconds S] [--rounds R] [--streams K] [--pg URL] [--out DIR]
+        [--seconds S] [--rounds R] [--streams K] [--streams-at 1,8] [--pg URL] [--out DIR]
 
 For each N, the relay (`bench/relay.py`, N processes sharing a port with SO_REUSEPORT) and
 flightrec (`serve --workers N`, default configuration: recording to SQLite, or to a scratch
@@ -14,8 +14,9 @@ per request (the target's whole process tree, workers included, over the request
 answered), and p99 latency over every request of every loader. Ratios are flightrec's over the
 relay's at the same N, in the same round.
 
-Then at the largest N, K streams at once (paced: 20 events 20 ms apart), split over the load
-processes, to each target: how many ended complete, errors (resets, 503s), first-byte p50/p99.
+Then at the largest N (or at each N of `--streams-at`), K streams at once (paced: 20 events
+20 ms apart), split over the load processes, to each target: how many ended complete, errors
+(resets, 503s), first-byte p50/p99.
 
 Results: `scale.json` and `scale.md` in `--out` (default: `$FLIGHTREC_SCALE_OUT`, else
 `bench/`). `--quick` (N = 1, 2, 4 within the cores, 3 s, 1 round, 2,000 streams) finishes in
@@ -106,7 +107,7 @@ def flightrec(workers: int, upstream_url: str, home: Path, pg: str | None) -> Ta
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--workers", str(workers)]
     argv += ["--upstream", upstream_url, "--db", db]
     env = {"FLIGHTREC_SPOOL_PATH": str(home / "flightrec.spool"), "FLIGHTREC_CONSOLE_PORT": "0"}
-    env["PYTHONPATH"] = str(HERE.parent)
+    env["PYTHONPATH"] = procs.pythonpath(HERE.parent)
     return Target("flightrec", "flightrec serve", argv, port, env, str(home), ready_path="/healthz")
 
 
@@ -251,8 +252,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['cpu_us_per_request']:.0f} | {f['cpu_us_per_request']:.0f} "
             f"| {row['cpu_ratio']:.2f}x | {r['p99_ms']:.2f} | {f['p99_ms']:.2f} |"
         )
-    if result.get("streams"):
-        s = result["streams"]
+    for s in result.get("streams", []):
         lines += [
             "",
             f"{s['relay']['streams']:,} streams at once, N = {s['workers']}:",
@@ -270,6 +270,13 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(result: dict[str, Any], out: Path, began: float) -> None:
+    """Write what is measured so far: a run cut short still leaves its finished steps."""
+    result["took_s"] = time.monotonic() - began
+    (out / "scale.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "scale.md").write_text(markdown(result))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cores = os.cpu_count() or 2
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -282,6 +289,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--streams", type=int)
+    parser.add_argument(
+        "--streams-at", help="comma-separated N for the streams (default: the largest)"
+    )
     parser.add_argument("--pg", help="record to this PostgreSQL database instead of SQLite")
     parser.add_argument("--out", type=Path, default=os.environ.get("FLIGHTREC_SCALE_OUT"))
     args = parser.parse_args(argv)
@@ -292,6 +302,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.ladder = ladder[:3] if args.quick and not args.workers else ladder
     args.seconds = args.seconds or (3.0 if args.quick else 10.0)
     args.rounds = args.rounds or (1 if args.quick else 2)
+    args.streams_at = (
+        [int(n) for n in args.streams_at.split(",")] if args.streams_at else args.ladder[-1:]
+    )
     args.streams = args.streams if args.streams is not None else (2_000 if args.quick else 20_000)
     args.out = Path(args.out or HERE)
     return args
@@ -316,13 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="flightrec-scale-") as tmp:
             for workers in args.ladder:
                 result["scaling"].append(measure_n(workers, loaders, args, Path(tmp)))
-            if args.streams:
-                result["streams"] = measure_streams(args.ladder[-1], loaders, args, Path(tmp))
+                save(result, args.out, began)
+            for workers in args.streams_at if args.streams else []:
+                result.setdefault("streams", []).append(
+                    measure_streams(workers, loaders, args, Path(tmp))
+                )
+                save(result, args.out, began)
     finally:
         loaders.close()
-    result["took_s"] = time.monotonic() - began
-    (args.out / "scale.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "scale.md").write_text(markdown(result))
+    save(result, args.out, began)
     print(markdown(result))
     print(f"written: {args.out / 'scale.json'}, {args.out / 'scale.md'} ({result['took_s']:.0f} s)")
     return 0
