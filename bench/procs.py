@@ -85,6 +85,12 @@ def cpu_seconds(roots: list[int]) -> float:
     return ticks / CLOCK_TICKS
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time used so far by `pid` itself (0 once it is gone)."""
+    fields = _stat_fields(pid)
+    return sum(int(value) for value in fields[11:13]) / CLOCK_TICKS if fields else 0.0
+
+
 def rss_kib(roots: list[int]) -> int:
     """Resident memory of the process trees under `roots`, in KiB."""
     total = 0
@@ -174,6 +180,31 @@ def wait_ready(target: Target) -> None:
             last = str(exc)
         time.sleep(0.1)
     raise RuntimeError(f"{target.name} not ready after {target.ready_timeout:.0f}s: {last}")
+
+
+def listening(port: int) -> int:
+    """Sockets listening on `port` (IPv4 and IPv6): with SO_REUSEPORT, one a process."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            next(rows, None)  # the header
+            for row in rows:
+                fields = row.split()
+                # local address "ADDR:PORT" (hex), state 0A: LISTEN
+                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                    count += 1
+    return count
+
+
+def wait_listening(port: int, count: int, timeout: float = 60.0) -> None:
+    """Wait until `count` processes listen on `port`. A server of N processes answers once
+    its first one listens; connections opened before the others do all go to the first ones
+    and stay there (keep-alive), so a measure started then loads only some of them."""
+    deadline = time.monotonic() + timeout
+    while (found := listening(port)) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{found} of {count} listening on {port} after {timeout:.1f}s")
+        time.sleep(0.05)
 
 
 def stop(target: Target, grace: float = 10.0) -> None:

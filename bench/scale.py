@@ -111,12 +111,14 @@ def flightrec(workers: int, upstream_url: str, home: Path, pg: str | None) -> Ta
     return Target("flightrec", "flightrec serve", argv, port, env, str(home), ready_path="/healthz")
 
 
-def started(targets: list[Target], log_dir: Path) -> list[Target]:
+def started(targets: list[Target], log_dir: Path, processes: int) -> list[Target]:
+    """`targets` started, once `processes` of them listen on the port and are settled."""
     for target in targets:
         procs.start(target, log_dir)
     for target in targets:
         procs.wait_ready(target)
-    time.sleep(0.5)  # every worker listening, not only the first to answer
+    procs.wait_listening(targets[0].port, processes)
+    time.sleep(0.5)  # the last worker's start-up done before the CPU is read
     return targets
 
 
@@ -131,10 +133,14 @@ def closed(
     cmd = {"op": "closed", "port": port, "path": CHAT, "concurrency": args.connections}
     cmd |= {"requests": 10**9, "seconds": args.seconds, "warmup": args.connections * 20}
     cmd["raw"] = True
+    tree = procs.process_tree(pids(targets))
+    each_before = {pid: procs.own_cpu_seconds(pid) for pid in tree}
     cpu_before = procs.cpu_seconds(pids(targets))
     found = loaders.run([cmd] * len(loaders.processes))
     time.sleep(0.3)  # background work of what was answered (the recorder's writes) is counted
     cpu = procs.cpu_seconds(pids(targets)) - cpu_before
+    # each process's own share (a server's workers; the supervisor idles), to see the load spread
+    each = sorted(procs.own_cpu_seconds(pid) - before for pid, before in each_before.items())
     ok = sum(r.get("ok", 0) for r in found)
     latencies = sorted(ns for r in found for ns in r.get("latencies_ns", []))
     elapsed = max(r.get("elapsed_s", 0.0) for r in found) or 1.0
@@ -144,6 +150,7 @@ def closed(
         "rps": ok / elapsed,
         "cpu_us_per_request": cpu / max(ok, 1) * 1e6,
         "p99_ms": percentile(latencies, 99) / 1e6 if latencies else None,
+        "cpu_s_by_process": [round(seconds, 2) for seconds in each if seconds >= 0.05],
     }
 
 
@@ -170,7 +177,7 @@ def streams(loaders: Loaders, port: int, count: int) -> dict[str, Any]:
 def upstreams(workers: int, work: Path) -> Iterator[str]:
     """N mock upstream processes sharing a port, while the block runs; their base URL."""
     port = procs.free_port()
-    up = started([upstream(port, n) for n in range(workers)], work)
+    up = started([upstream(port, n) for n in range(workers)], work, workers)
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -186,7 +193,7 @@ def running(
     relay's N, or serve, whose workers are its children)."""
     targets = relay(workers, url) if name == "relay" else [flightrec(workers, url, home, pg)]
     try:
-        yield started(targets, home.parent)
+        yield started(targets, home.parent, workers)
     finally:
         for target in targets:
             procs.stop(target)

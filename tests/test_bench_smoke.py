@@ -227,3 +227,34 @@ def test_first_byte_reports_each_process_and_each_checkout(
     assert first_byte.main(["--processes", "1", "--alone", "--rounds", "1", "--seconds", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.match(r"round 1: relay \d+\.\d{3}  this-0 \d+\.\d{3}$", out[0])
+
+
+def test_a_server_of_several_processes_is_waited_for_until_each_listens() -> None:
+    """`serve --workers N` answers once its first worker listens; the scale bench waits for
+    all N, counted from /proc/net/tcp as the listening sockets sharing the port."""
+    import socket
+    import time
+
+    def listener(port: int) -> socket.socket:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        return sock
+
+    first = listener(0)
+    port = first.getsockname()[1]
+    others = [listener(port), listener(port)]
+    try:
+        assert procs.listening(port) == 3
+        procs.wait_listening(port, 3, timeout=1.0)
+        others.pop().close()
+        assert procs.listening(port) == 2
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"2 of 3 listening on {port}"):
+            procs.wait_listening(port, 3, timeout=0.3)
+        assert time.monotonic() - began >= 0.3
+    finally:
+        for sock in [first, *others]:
+            sock.close()
+    assert procs.listening(port) == 0
