@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -262,7 +263,8 @@ def markdown(result: dict[str, Any]) -> str:
     for s in result.get("streams", []):
         lines += [
             "",
-            f"{s['relay']['streams']:,} streams at once, N = {s['workers']}:",
+            f"{s['relay']['streams']:,} streams at once, N = {s['workers']}"
+            + _short_of_files(s["relay"]["streams"], s["workers"], result.get("open_files")),
             "",
             "| target | complete | errors | first byte p50 / p99 ms (worst loader) |",
             "|---|---|---|---|",
@@ -275,6 +277,15 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {x['ttfb_p50_ms']:.1f} / {x['ttfb_p99_ms']:.1f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _short_of_files(streams: int, workers: int, limit: int | None) -> str:
+    """A warning when a process of N takes more streams than it may hold files for: two a
+    stream (the client's connection and the upstream's), the relay having no limit of its
+    own (flightrec turns away what is past `max_streams`)."""
+    if limit is None or 2 * streams / workers < limit:
+        return ":"
+    return f" (at most {limit:,} open files a process, two a stream: the relay may run out):"
 
 
 def save(result: dict[str, Any], out: Path, began: float) -> None:
@@ -317,9 +328,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def open_files() -> int:
+    """Raise this process's limit of open files to the most allowed (its children, the
+    targets, inherit it); returns that limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    files = open_files()
     loaders = Loaders(args.loaders)
     began = time.monotonic()
     result: dict[str, Any] = {
@@ -330,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "rounds": args.rounds,
         "database": "PostgreSQL" if args.pg else "SQLite",
+        "open_files": files,
         "scaling": [],
     }
     try:
