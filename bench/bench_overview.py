@@ -37,6 +37,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench import procs
 from bench.bench_cost import filled_pg
 from proxy.exchange import Exchange
 from proxy.store import create_engine, facets, upgrade
@@ -208,7 +209,7 @@ async def time_cases(url: str, runs: int) -> dict[str, list[float]]:
 
 async def base_times(folder: str, url: str, runs: int) -> dict[str, list[float]]:
     """`time_cases` with the code of the checkout `folder`, in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{os.getcwd()}"}
+    env = {**os.environ, "PYTHONPATH": procs.pythonpath(folder, os.getcwd())}
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--time-only", url, "--runs", str(runs),
         env=env, stdout=asyncio.subprocess.PIPE,

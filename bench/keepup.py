@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.start(target, work)
             running.append(target)
             procs.wait_ready(target)
-            procs.wait_listening(target.port, args.workers)
+            procs.wait_listening(target.port, args.workers, [target])
         worker = whole.LoadWorker()
         for turn in range(args.rounds):
             for target in whole.rotated(targets, turn):

@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -35,10 +35,12 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def pythonpath(code: Path) -> str:
-    """PYTHONPATH for a child running the checkout `code`: it first, then the path inherited,
-    which may be where the dependencies are (`pip install --target DIR`, no virtualenv)."""
-    return os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+def pythonpath(*first: str | Path) -> str:
+    """PYTHONPATH for a child running the checkout(s) `first`: they come first, then the path
+    inherited, which may be where the dependencies are (`pip install --target DIR`, no
+    virtualenv), made absolute: children run in other directories."""
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join([str(p) for p in first] + [os.path.abspath(p) for p in inherited if p])
 
 
 def free_port() -> int:
@@ -196,12 +198,18 @@ def listening(port: int) -> int:
     return count
 
 
-def wait_listening(port: int, count: int, timeout: float = 60.0) -> None:
-    """Wait until `count` processes listen on `port`. A server of N processes answers once
-    its first one listens; connections opened before the others do all go to the first ones
-    and stay there (keep-alive), so a measure started then loads only some of them."""
+def wait_listening(
+    port: int, count: int, targets: Sequence[Target] = (), timeout: float = 60.0
+) -> None:
+    """Wait until `count` processes listen on `port`, raising if one of `targets` exits first.
+    A server of N processes answers once its first one listens; connections opened before the
+    others do all go to the first ones and stay there (keep-alive), so a measure started then
+    loads only some of them."""
     deadline = time.monotonic() + timeout
     while (found := listening(port)) < count:
+        for target in targets:
+            if target.process is not None and target.process.poll() is not None:
+                raise RuntimeError(f"{target.name} exited with {target.process.returncode}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"{found} of {count} listening on {port} after {timeout:.1f}s")
         time.sleep(0.05)

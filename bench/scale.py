@@ -46,6 +46,8 @@ from .procs import Target
 HERE = Path(__file__).resolve().parent
 CHAT = "/v1/chat/completions"
 STREAM_CHUNKS, STREAM_INTERVAL_MS = 20, 20.0
+MEDIANS = ("ok", "errors", "rps", "cpu_us_per_request", "p99_ms")
+"""A measure's figures taken as medians over rounds (each round's are kept whole too)."""
 
 
 class Loaders:
@@ -118,7 +120,7 @@ def started(targets: list[Target], log_dir: Path, processes: int) -> list[Target
         procs.start(target, log_dir)
     for target in targets:
         procs.wait_ready(target)
-    procs.wait_listening(targets[0].port, processes)
+    procs.wait_listening(targets[0].port, processes, targets)
     time.sleep(0.5)  # the last worker's start-up done before the CPU is read
     return targets
 
@@ -140,7 +142,8 @@ def closed(
     found = loaders.run([cmd] * len(loaders.processes))
     time.sleep(0.3)  # background work of what was answered (the recorder's writes) is counted
     cpu = procs.cpu_seconds(pids(targets)) - cpu_before
-    # each process's own share (a server's workers; the supervisor idles), to see the load spread
+    # each process's own share, to see the load spread: a worker left without load reads ~0,
+    # as does `serve`'s supervisor
     each = sorted(procs.own_cpu_seconds(pid) - before for pid, before in each_before.items())
     ok = sum(r.get("ok", 0) for r in found)
     latencies = sorted(ns for r in found for ns in r.get("latencies_ns", []))
@@ -151,7 +154,7 @@ def closed(
         "rps": ok / elapsed,
         "cpu_us_per_request": cpu / max(ok, 1) * 1e6,
         "p99_ms": percentile(latencies, 99) / 1e6 if latencies else None,
-        "cpu_s_by_process": [round(seconds, 2) for seconds in each if seconds >= 0.05],
+        "cpu_s_by_process": [round(seconds, 2) for seconds in each],
     }
 
 
@@ -214,7 +217,7 @@ def measure_n(
                     seen[name].append(closed(loaders, targets[0].port, targets, args))
                 print(f"N={workers} round {turn + 1} {name}: {seen[name][-1]}", flush=True)
     medians = {
-        name: {key: _median([r[key] for r in found]) for key in found[0]}
+        name: {key: _median([r[key] for r in found]) for key in found[0] if key in MEDIANS}
         for name, found in seen.items()
     }
     ratios = [
@@ -285,7 +288,10 @@ def _short_of_files(streams: int, workers: int, limit: int | None) -> str:
     own (flightrec turns away what is past `max_streams`)."""
     if limit is None or 2 * streams / workers < limit:
         return ":"
-    return f" (at most {limit:,} open files a process, two a stream: the relay may run out):"
+    return (
+        f" (at most {limit:,} open files a process, two a stream: the relay, and at N = 1 the"
+        " mock upstream, may run out):"
+    )
 
 
 def save(result: dict[str, Any], out: Path, began: float) -> None:
@@ -328,13 +334,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def open_files() -> int:
+def open_files() -> int | None:
     """Raise this process's limit of open files to the most allowed (its children, the
-    targets, inherit it); returns that limit."""
+    targets, inherit it); returns that limit, None for no limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
+    if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
+    return None if hard == resource.RLIM_INFINITY else hard
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,9 @@ import asyncio
 import math
 import re
 import signal
+import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -229,11 +231,10 @@ def test_first_byte_reports_each_process_and_each_checkout(
     assert re.match(r"round 1: relay \d+\.\d{3}  this-0 \d+\.\d{3}$", out[0])
 
 
-def test_a_server_of_several_processes_is_waited_for_until_each_listens() -> None:
+def test_a_server_of_several_processes_is_waited_for_until_each_listens(tmp_path: Path) -> None:
     """`serve --workers N` answers once its first worker listens; the scale bench waits for
-    all N, counted from /proc/net/tcp as the listening sockets sharing the port."""
-    import socket
-    import time
+    all N, counted from /proc/net/tcp as the listening sockets sharing the port (a connection
+    accepted on that port is not one), and stops waiting for a target that has exited."""
 
     def listener(port: int) -> socket.socket:
         sock = socket.socket()
@@ -245,6 +246,8 @@ def test_a_server_of_several_processes_is_waited_for_until_each_listens() -> Non
     first = listener(0)
     port = first.getsockname()[1]
     others = [listener(port), listener(port)]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = first.accept()  # a connection whose local port is the listeners' too
     try:
         assert procs.listening(port) == 3
         procs.wait_listening(port, 3, timeout=1.0)
@@ -254,7 +257,13 @@ def test_a_server_of_several_processes_is_waited_for_until_each_listens() -> Non
         with pytest.raises(RuntimeError, match=f"2 of 3 listening on {port}"):
             procs.wait_listening(port, 3, timeout=0.3)
         assert time.monotonic() - began >= 0.3
+        dead = procs.Target("dead", "exits at once", [sys.executable, "-c", "exit(3)"], port)
+        procs.start(dead, tmp_path)
+        assert dead.process is not None
+        dead.process.wait(10)
+        with pytest.raises(RuntimeError, match="dead exited with 3"):
+            procs.wait_listening(port, 3, [dead], timeout=30.0)
     finally:
-        for sock in [first, *others]:
+        for sock in [client, accepted, first, *others]:
             sock.close()
     assert procs.listening(port) == 0
