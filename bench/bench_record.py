@@ -132,11 +132,12 @@ async def measure(
     )
     recorder = DatabaseRecorder(config)
     await recorder.start()
-    # The collector as `serve` runs it: what lives from start-up frozen, young collections
-    # every 20,000 allocations. The exchanges are made after, as a server's are.
+    # The collector and threads as `serve` runs them: what lives from start-up frozen, young
+    # collections every 20,000 allocations. The exchanges are made after, as a server's are.
     serve = importlib.import_module("proxy.serve")
     tune_gc = getattr(serve, "tune_gc", None) or serve._tune_gc  # a base checkout's name
     tune_gc()
+    getattr(serve, "tune_threads", lambda: None)()  # the switch interval, where serve sets one
     exchanges = [exchange(logprob_tokens) for _ in range(count)]
     began = postgres_cpu() if url.startswith("postgresql") else {}
     cpu = time.process_time()

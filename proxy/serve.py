@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 
 from aiohttp import web
 
@@ -40,6 +41,24 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
+SWITCH_INTERVAL = 0.001
+"""Seconds a thread waiting for the GIL lets the loop's thread keep it before asking for it
+(Python's default is 0.005; docs/performance.md)."""
+
+
+def tune_threads() -> None:
+    """Make a worker thread the loop waits on (the SQLite writer's COMMIT, WAL checkpoints,
+    journal reads) get the GIL soon behind a busy loop.
+
+    A waiting thread asks the loop's thread to hand the GIL over only after waiting a whole
+    switch interval with no release in between; but the loop's thread lets go of the GIL for
+    a moment at every poll of its sockets, which wakes the waiting thread and starts its wait
+    anew, and takes the GIL back before that thread runs. Behind a loop whose turns take a
+    few milliseconds of CPU each, a COMMIT can wait seconds for the GIL this way. A shorter
+    interval than the turns lets the waiting thread ask in time."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
+
+
 async def run(
     config: Config, recorder: Recorder | None = None, *, reuse_port: bool = False
 ) -> None:
@@ -61,6 +80,7 @@ async def run(
         app.cleanup_ctx.append(alerts_background(watcher, config.db_url))
     runner = make_runner(app, config)
     tune_gc()
+    tune_threads()
     await runner.setup()
     # A burst of new connections waits in the kernel's accept queue until the loop takes it;
     # aiohttp's default of 128 overflows, and the kernel then drops connections that clients

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from time import perf_counter
 
 import pytest
 
+from proxy import serve
 from proxy.store import lookahead, sqlite_writer, upgrade
 from proxy.store.backlog import Backlog
 from proxy.store.journal import Journal
@@ -185,10 +188,48 @@ def watched(granted: list[float], only: Callable[[Callable[[float], float]], boo
     return Watched
 
 
+@contextmanager
+def threads_as_served() -> Iterator[None]:
+    """The switch interval `serve` runs with (`serve.tune_threads`), for the block only."""
+    previous = sys.getswitchinterval()
+    serve.tune_threads()
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+async def test_a_thread_the_writer_waits_on_gets_its_turn_behind_a_busy_loop() -> None:
+    """Behind a loop whose turns each take 5 ms of CPU, work handed to a thread (the SQLite
+    writer's COMMIT) comes back within a few of those turns, as `serve` runs. With Python's
+    default switch interval the waiting thread was woken by every poll of the loop, lost the
+    GIL to it each time and waited anew: seconds on some machines."""
+    relay = Relay(0.005)
+    with threads_as_served():
+        neighbour = asyncio.create_task(relay.run())
+        try:
+            waits = []
+            for _ in range(20):
+                began = perf_counter()
+                await asyncio.to_thread(sum, range(1_000))
+                waits.append(perf_counter() - began)
+        finally:
+            relay.running = False
+            await neighbour
+    assert relay.turns >= 20, "the neighbour did not keep the loop busy"
+    assert statistics.median(waits) < 0.05, waits
+    assert max(waits) < 0.5, waits
+
+
 async def stored_behind_a_busy_relay(url: str, tmp_path: Path, tokens: int = 0) -> None:
     """Hand a recorder 2,000 records at once (batches of 100: the writer far behind), each
     with `tokens` logprob tokens, while a neighbour takes 5 ms at each of its turns of the
-    loop; every record is stored once."""
+    loop, threads switched as `serve` switches them; every record is stored once."""
+    with threads_as_served():
+        await _stored_behind_a_busy_relay(url, tmp_path, tokens)
+
+
+async def _stored_behind_a_busy_relay(url: str, tmp_path: Path, tokens: int) -> None:
     relay = Relay(0.005)
     recorder = await started(config(url, tmp_path, batch_size=100))
     neighbour = asyncio.create_task(relay.run())
