@@ -245,9 +245,11 @@ def test_a_server_of_several_processes_is_waited_for_until_each_listens(tmp_path
 
     first = listener(0)
     port = first.getsockname()[1]
-    others = [listener(port), listener(port)]
+    # A connection whose local port is the listeners' too, accepted while `first` is the only
+    # listener (past that the kernel may queue it at any of them).
     client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = first.accept()  # a connection whose local port is the listeners' too
+    accepted, _ = first.accept()
+    others = [listener(port), listener(port)]
     try:
         assert procs.listening(port) == 3
         procs.wait_listening(port, 3, timeout=1.0)
