@@ -213,12 +213,14 @@ async def test_a_thread_the_writer_waits_on_gets_its_turn_behind_a_busy_loop() -
                 began = perf_counter()
                 await asyncio.to_thread(sum, range(1_000))
                 waits.append(perf_counter() - began)
+                if waits[-1] >= 0.5:
+                    break  # failed already: the next ones could take seconds each
         finally:
             relay.running = False
             await neighbour
-    assert relay.turns >= 20, "the neighbour did not keep the loop busy"
-    assert statistics.median(waits) < 0.05, waits
     assert max(waits) < 0.5, waits
+    assert statistics.median(waits) < 0.05, waits
+    assert relay.turns >= 20, "the neighbour did not keep the loop busy"
 
 
 async def stored_behind_a_busy_relay(url: str, tmp_path: Path, tokens: int = 0) -> None:
