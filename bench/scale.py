@@ -338,9 +338,11 @@ def open_files() -> int | None:
     """Raise this process's limit of open files to the most allowed (its children, the
     targets, inherit it); returns that limit, None for no limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:  # Linux refuses an unlimited soft limit for files
+        return None
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return None if hard == resource.RLIM_INFINITY else hard
+    return hard
 
 
 def main(argv: list[str] | None = None) -> int:
