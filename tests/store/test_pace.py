@@ -227,24 +227,20 @@ async def stored_behind_a_busy_relay(url: str, tmp_path: Path, tokens: int = 0) 
     """Hand a recorder 2,000 records at once (batches of 100: the writer far behind), each
     with `tokens` logprob tokens, while a neighbour takes 5 ms at each of its turns of the
     loop, threads switched as `serve` switches them; every record is stored once."""
-    with threads_as_served():
-        await _stored_behind_a_busy_relay(url, tmp_path, tokens)
-
-
-async def _stored_behind_a_busy_relay(url: str, tmp_path: Path, tokens: int) -> None:
     relay = Relay(0.005)
-    recorder = await started(config(url, tmp_path, batch_size=100))
-    neighbour = asyncio.create_task(relay.run())
     logprobs = [f" t{i}" for i in range(tokens)] or None
     sent = [chat_exchange(logprobs=logprobs) for _ in range(2_000)]
-    try:
-        for ex in sent:
-            recorder.accept(ex)
-        await wait_until(lambda: recorder.written == len(sent), within=60)
-    finally:
-        relay.running = False
-        await neighbour
-        await recorder.stop()
+    with threads_as_served():
+        recorder = await started(config(url, tmp_path, batch_size=100))
+        neighbour = asyncio.create_task(relay.run())
+        try:
+            for ex in sent:
+                recorder.accept(ex)
+            await wait_until(lambda: recorder.written == len(sent), within=60)
+        finally:
+            relay.running = False
+            await neighbour
+            await recorder.stop()
     await assert_stored_once(url, sent, tokens=tokens)
 
 
