@@ -8,7 +8,7 @@ request path): `turn_key`, what a next turn would name, and `parent_key`, what t
   messages and the first choice's answer; `parent_key` hashes the request's messages up to and
   including its last assistant message. Messages are compared by what a client sends back
   (role, text, tool calls, tool call id, name), so an answer echoed without `refusal: null` or
-  `annotations` still matches. One hash each: the cost is a pass over the messages.
+  `annotations` still matches. The cost is one pass over the messages for both keys.
 - Responses API: `turn_key` is the response's id, `parent_key` the request's
   `previous_response_id`.
 
@@ -62,9 +62,16 @@ def _message(value: Any) -> list[Any]:
 
 
 def _hashed(normalised: list[list[Any]]) -> str:
-    """The key of messages as `_message` gives them."""
-    body = orjson.dumps(normalised, option=orjson.OPT_NON_STR_KEYS)
-    return "chat:" + hashlib.sha256(body).hexdigest()[:32]
+    """The key of messages as `_message` gives them: their JSON array, hashed."""
+    return _key(hashlib.sha256(_dumped(normalised)))
+
+
+def _dumped(normalised: list[list[Any]]) -> bytes:
+    return orjson.dumps(normalised, option=orjson.OPT_NON_STR_KEYS)
+
+
+def _key(digest: hashlib._Hash) -> str:
+    return "chat:" + digest.hexdigest()[:32]
 
 
 def keys(request: Any, response: Any) -> tuple[str | None, str | None]:
@@ -83,19 +90,35 @@ def keys(request: Any, response: Any) -> tuple[str | None, str | None]:
 
 
 def _chat_keys(messages: list[Any], response: Any) -> tuple[str | None, str | None]:
-    # Each message is read once, for both keys: an agent's request carries its whole history.
+    # Each message is read, serialised and hashed once for both keys (an agent's request
+    # carries its whole history, hundreds of KB): the parent's messages open the turn's, so
+    # the turn's hash goes on from where the parent's array closes.
     normalised = [_message(m) for m in messages]
-    parent = None
-    for last in range(len(messages) - 1, -1, -1):  # the last assistant message
-        message = messages[last]
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            parent = _hashed(normalised[: last + 1])
-            break
     choices = response.get("choices") if isinstance(response, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
     answer = first.get("message") if isinstance(first, dict) else None
-    turn = _hashed([*normalised, _message(answer)]) if isinstance(answer, dict) else None
-    return turn, parent
+    said = _message(answer) if isinstance(answer, dict) else None
+    last = _last_assistant(messages)
+    if last is None:
+        return (None if said is None else _hashed([*normalised, said])), None
+    head = _dumped(normalised[: last + 1])  # `[...]`
+    digest = hashlib.sha256(memoryview(head)[:-1])
+    parent = digest.copy()
+    parent.update(b"]")
+    if said is None:
+        return None, _key(parent)
+    digest.update(b",")
+    digest.update(memoryview(_dumped([*normalised[last + 1 :], said]))[1:])  # `...]`
+    return _key(digest), _key(parent)
+
+
+def _last_assistant(messages: list[Any]) -> int | None:
+    """The index of the last assistant message; None when there is none."""
+    for last in range(len(messages) - 1, -1, -1):
+        message = messages[last]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return last
+    return None
 
 
 def wanted(fresh: Iterable[Any]) -> list[str]:
