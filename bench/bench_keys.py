@@ -40,7 +40,9 @@ def conversation(turns: int, size: int) -> dict[str, Any]:
 
 
 def threads_of(checkout: Path, name: str) -> ModuleType:
-    """`proxy/store/threads.py` of `checkout`, loaded as module `name`."""
+    """`proxy/store/threads.py` of `checkout`, loaded as module `name`. Only that file is the
+    checkout's: what it imports (`proxy.store.tables`, for the writer's linking, which `keys`
+    does not use) comes from this checkout."""
     spec = importlib.util.spec_from_file_location(name, checkout / "proxy/store/threads.py")
     if spec is None or spec.loader is None:
         raise SystemExit(f"{checkout}: no proxy/store/threads.py")
