@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import statistics
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -36,17 +35,12 @@ from proxy.store.prune import prune, pruning
 from proxy.store.report import cost_report
 
 from .bench_partitions import fill, midnight
+from .procs import checkout_module
 
 
 def base_module(tree: str) -> ModuleType:
     """The base tree's `partitions` module, beside this tree's (sharing the rest)."""
-    spec = importlib.util.spec_from_file_location(
-        "base_partitions", f"{tree}/proxy/store/partitions.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return checkout_module(tree, "proxy/store/partitions.py", "base_partitions")
 
 
 def filled_days(conn: sa.Connection) -> list[date]:

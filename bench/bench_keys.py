@@ -12,13 +12,14 @@ both must be equal (docs/performance.md, *Long conversations*).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import timeit
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import orjson
+
+from bench.procs import checkout_module
 
 HERE = Path(__file__).resolve().parent
 SHAPES = ((0, 0), (1, 100), (5, 500), (20, 1000), (50, 2000))
@@ -40,15 +41,9 @@ def conversation(turns: int, size: int) -> dict[str, Any]:
 
 
 def threads_of(checkout: Path, name: str) -> ModuleType:
-    """`proxy/store/threads.py` of `checkout`, loaded as module `name`. Only that file is the
-    checkout's: what it imports (`proxy.store.tables`, for the writer's linking, which `keys`
-    does not use) comes from this checkout."""
-    spec = importlib.util.spec_from_file_location(name, checkout / "proxy/store/threads.py")
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"{checkout}: no proxy/store/threads.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """`proxy/store/threads.py` of `checkout` (what it imports, `proxy.store.tables` for the
+    writer's linking, which `keys` does not use, comes from this checkout)."""
+    return checkout_module(checkout, "proxy/store/threads.py", name)
 
 
 def per_call_us(module: ModuleType, request: dict[str, Any]) -> float:

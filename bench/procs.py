@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +43,18 @@ def pythonpath(*first: str | Path) -> str:
     virtualenv), made absolute: children run in other directories."""
     inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     return os.pathsep.join([str(p) for p in first] + [os.path.abspath(p) for p in inherited if p])
+
+
+def checkout_module(checkout: str | Path, path: str, name: str) -> ModuleType:
+    """The file `path` of another checkout, loaded as module `name` beside this checkout's
+    modules: only that file is the other checkout's, what it imports comes from this one (for
+    an A/B of one module in one process)."""
+    spec = importlib.util.spec_from_file_location(name, Path(checkout) / path)
+    if spec is None or spec.loader is None or not (Path(checkout) / path).is_file():
+        raise SystemExit(f"{checkout}: no {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
