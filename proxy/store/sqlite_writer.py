@@ -29,7 +29,7 @@ import contextlib
 import logging
 import math
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -149,9 +149,9 @@ class SqliteWriter:
             turns = Turns(self._pace)
             for table, found in table_records(fresh):
                 size = FAT_CHUNK_ROWS.get(table.name, CHUNK_ROWS)
-                for start in range(0, len(found), size):
+                for start, stop in spans(len(found), size):
                     await turns.give()
-                    _insert(con, table, found[start : start + size])
+                    _insert(con, table, found[start:stop])
             fingerprints = merged_fingerprints([r.fingerprint for r in fresh if r.fingerprint])
             if fingerprints:
                 merged = records(t.fingerprints, fingerprints)
@@ -261,11 +261,9 @@ class SqliteWriter:
 
 
 def _stored_ids(con: sqlite3.Connection, ids: list[str]) -> list[str]:
-    """Which of `ids` the database holds (at most 500 placeholders a query)."""
+    """Which of `ids` the database holds."""
     stored: list[str] = []
-    for start in range(0, len(ids), 500):
-        part = ids[start : start + 500]
-        marks = ", ".join("?" * len(part))
+    for marks, part in in_lists(ids):
         found = con.execute(f"SELECT id FROM exchanges WHERE id IN ({marks})", part)
         stored.extend(row[0] for row in found)
     return stored
@@ -274,9 +272,7 @@ def _stored_ids(con: sqlite3.Connection, ids: list[str]) -> list[str]:
 def _turns(con: sqlite3.Connection, wanted: list[str]) -> dict[str, tuple[str, str | None]]:
     """The newest stored exchange (id, session) for each turn key in `wanted`."""
     found: dict[str, tuple[str, str | None]] = {}
-    for start in range(0, len(wanted), 500):
-        part = wanted[start : start + 500]
-        marks = ", ".join("?" * len(part))
+    for marks, part in in_lists(wanted):
         rows = con.execute(
             "SELECT turn_key, id, session FROM exchanges WHERE turn_key IN "
             f"({marks}) ORDER BY started_at",
@@ -286,10 +282,42 @@ def _turns(con: sqlite3.Connection, wanted: list[str]) -> dict[str, tuple[str, s
     return found
 
 
+MAX_IN_LIST = 512
+"""Values in one `IN (...)` of the writer's lookups."""
+
+
+def in_lists(values: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """(placeholders, values) for each `IN (...)` looking `values` up, `MAX_IN_LIST` at most,
+    padded to a power of two with its last value repeated: one of ten texts (`spans`)."""
+    for start in range(0, len(values), MAX_IN_LIST):
+        part = values[start : start + MAX_IN_LIST]
+        size = 1 << (len(part) - 1).bit_length()
+        yield _marks(size), part + part[-1:] * (size - len(part))
+
+
+@cache
+def _marks(count: int) -> str:
+    return ", ".join("?" * count)
+
+
+def spans(count: int, size: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each INSERT of `count` rows: `size` rows at a time, then what is left
+    in powers of two, largest first. So each table has a few statement texts, which sqlite3's
+    statement cache (128 texts) keeps prepared; a last INSERT of any length would need a text
+    of its own in most batches, and preparing one costs far more than running it
+    (docs/performance.md, *The writer's statements, prepared once*)."""
+    start = 0
+    while start < count:
+        left = count - start
+        step = size if left >= size else 1 << (left.bit_length() - 1)
+        yield start, start + step
+        start += step
+
+
 def _insert(con: sqlite3.Connection, table: sa.Table, found: list[Record]) -> None:
-    """One multi-row INSERT (its text cached by size, so sqlite3's statement cache keeps it
-    prepared), not `executemany`: sqlite3 resets the statement and gives up the GIL around
-    every step, a step per row, and that cost more CPU a row (docs/performance.md).
+    """One multi-row INSERT (its text cached by size and prepared once: `spans`), not
+    `executemany`: sqlite3 resets the statement and gives up the GIL around every step, a
+    step per row, and that cost more CPU a row (docs/performance.md).
 
     `OR FAIL`: a refused row ends the statement and keeps the rows before it, where the
     default (`ABORT`) undoes them, for which SQLite copies every page the statement changes

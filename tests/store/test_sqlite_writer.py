@@ -165,6 +165,67 @@ async def test_the_writer_skips_key_checks_its_batches_cannot_fail(db_path: Path
         assert con.execute("SELECT count(*) FROM logprobs").fetchone()[0] == 4
 
 
+def prepared(con: sqlite3.Connection) -> set[str]:
+    """The writer's statements its connection holds prepared (SQLite's `sqlite_stmt`)."""
+    try:
+        found = con.execute("SELECT sql FROM sqlite_stmt").fetchall()
+    except sqlite3.OperationalError as exc:
+        pytest.skip(f"this SQLite has no sqlite_stmt table to list prepared statements: {exc}")
+    return {sql for (sql,) in found if sql.startswith(("INSERT OR FAIL", "SELECT id FROM"))}
+
+
+async def test_batches_of_any_size_reuse_the_statements_they_prepared(db_path: Path) -> None:
+    """Preparing a multi-row INSERT costs more than running it (0.2-1.5 ms for 16 to 40 rows),
+    so a batch of a size not seen before must not need a statement text of its own: after
+    batches of 1 to 70 exchanges, batches of 77 and 121 prepare nothing new, and every table's
+    INSERTs and the id lookups are a handful of texts, not one per size."""
+    writer = SqliteWriter(str(db_path), 1000)
+    con = writer._connection()
+    try:
+        for size in range(1, 71):
+            batch = [chat_exchange(tags={"team": "x"}, user="u") for _ in range(size)]
+            assert await writer.write([rows_for(ex) for ex in batch]) == size
+        seen = prepared(con)
+        for size in (77, 121):
+            batch = [chat_exchange(tags={"team": "x"}, user="u") for _ in range(size)]
+            assert await writer.write([rows_for(ex) for ex in batch]) == size
+            assert prepared(con) == seen
+    finally:
+        await writer.close()
+    inserts = [sql.split('"')[1] for sql in seen if sql.startswith("INSERT")]
+    assert set(inserts) >= {"exchanges", "choices", "usage", "tags"}
+    for table in set(inserts):
+        assert inserts.count(table) <= 7, table  # 64 rows, or 32, 16, ... 1
+    assert sum(sql.startswith("SELECT id FROM") for sql in seen) <= 8  # 1 to 128 ids
+    with contextlib.closing(sqlite3.connect(db_path)) as check:
+        assert check.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 2683
+        assert check.execute("SELECT count(*) FROM tags").fetchone()[0] == 2683
+
+
+def test_spans_cut_rows_into_inserts_of_few_lengths() -> None:
+    lengths: set[int] = set()
+    for count in range(300):
+        spans = list(sqlite_writer.spans(count, 64))
+        bounds = [0, *(stop for _, stop in spans)]
+        assert spans == list(itertools.pairwise(bounds)) and bounds[-1] == count
+        cut = [stop - start for start, stop in spans]
+        assert cut == sorted(cut, reverse=True)
+        lengths.update(cut)
+    assert lengths == {1, 2, 4, 8, 16, 32, 64}
+
+
+def test_in_lists_pad_lookups_to_a_power_of_two_with_a_value_already_asked() -> None:
+    for count in (1, 2, 3, 100, 512, 513, 1100):
+        values = [f"id{i}" for i in range(count)]
+        parts = list(sqlite_writer.in_lists(values))
+        asked = [value for _, part in parts for value in part]
+        assert set(asked) == set(values)
+        for marks, part in parts:
+            assert marks.count("?") == len(part) <= sqlite_writer.MAX_IN_LIST
+            assert len(part) & (len(part) - 1) == 0
+    assert list(sqlite_writer.in_lists([])) == []
+
+
 async def test_a_row_refused_halfway_through_an_insert_leaves_nothing_of_its_batch(
     db_path: Path,
 ) -> None:
