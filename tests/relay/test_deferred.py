@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from dataclasses import replace
 
 import aiohttp
@@ -44,6 +45,28 @@ async def test_flush_runs_what_is_pending_and_close_makes_later_work_immediate()
     later.flush(close=True)
     later.add(done.append, "c")
     assert done == ["a", "b", "c"]
+
+
+async def test_a_batch_lets_go_of_each_work_s_arguments_once_it_has_run() -> None:
+    """What a record's completion builds (a response's parsed JSON, hundreds of dicts with
+    logprobs) must be freed before the batch's next record is completed, not kept to the
+    batch's end where the collections that record's work sets off would walk it."""
+
+    class Built:
+        pass
+
+    later = Deferred(delay=60)
+    alive: list[list[bool]] = []
+    refs: list[weakref.ref[Built]] = []
+
+    def complete(record: Built) -> None:
+        alive.append([ref() is not None for ref in refs])  # those completed before this one
+        refs.append(weakref.ref(record))
+
+    for _ in range(4):
+        later.add(complete, Built())
+    later.flush()
+    assert alive == [[], [False], [False, False], [False, False, False]]
 
 
 async def test_a_failing_piece_of_work_does_not_cost_the_rest(
