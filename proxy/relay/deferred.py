@@ -81,9 +81,13 @@ class Deferred:
         # parsed JSON, is then freed before the next one is built, not traversed by the
         # collections the batch's later work sets off (docs/performance.md).
         pending.reverse()
-        while pending:
-            work, args = pending.pop()
-            _run(work, args)
+        try:
+            while pending:
+                work, args = pending.pop()
+                _run(work, args)
+        finally:
+            if pending:  # a work raised past `_run` (KeyboardInterrupt): the rest waits
+                self._pending[:0] = reversed(pending)
 
 
 def _run(work: Callable[..., None], args: tuple[Any, ...]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 
 from proxy.store import tables as t
-from proxy.store.records import columns
+from proxy.store.records import columns, in_lists
 from proxy.store.rows import Row, Rows
 
 _BATCH_UPSERT = """\
@@ -194,9 +194,7 @@ def book_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> list[Rows]:
     if not keys:
         return list(fresh)
     known: set[str] = set()
-    for start in range(0, len(keys), 500):
-        part = [key["line_id"] for key in keys[start : start + 500]]
-        marks = ", ".join("?" * len(part))
+    for marks, part in in_lists([key["line_id"] for key in keys]):
         found = con.execute(f"SELECT line_id FROM batch_results WHERE line_id IN ({marks})", part)
         known.update(row[0] for row in found)
     chosen = [rows for rows in bookings if rows.booking and rows.booking["line_id"] not in known]
@@ -210,8 +208,5 @@ def book_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> list[Rows]:
 def link_sqlite(con: sqlite3.Connection, fresh: Sequence[Rows]) -> None:
     linked = _linked(fresh)
     for template, column, kind in _LINKS:
-        keys = linked[kind]
-        for start in range(0, len(keys), 500):
-            part = keys[start : start + 500]
-            match = f"IN ({', '.join('?' * len(part))})"
-            con.execute(template.format(column=column, match=match), part)
+        for marks, part in in_lists(linked[kind]):
+            con.execute(template.format(column=column, match=f"IN ({marks})"), part)

@@ -96,3 +96,23 @@ def merged_fingerprints(seen: list[Row]) -> list[Row]:
         if row["last_seen"] > known["last_seen"]:
             known["last_seen"] = row["last_seen"]
     return [merged[key] for key in sorted(merged)]
+
+
+MAX_IN_LIST = 512
+"""Values in one `IN (...)` of the SQLite writer's lookups."""
+
+
+def in_lists(values: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """(placeholders, values) for each `IN (...)` of SQLite's lookups of `values`, at most
+    `MAX_IN_LIST` values each, padded to a power of two with the last value repeated (which
+    matches nothing more): one of ten texts (1 to 512 placeholders) for lookups of any length,
+    which sqlite3's statement cache keeps prepared (`sqlite_writer.spans`)."""
+    for start in range(0, len(values), MAX_IN_LIST):
+        part = values[start : start + MAX_IN_LIST]
+        size = 1 << (len(part) - 1).bit_length()
+        yield _marks(size), part + part[-1:] * (size - len(part))
+
+
+@cache
+def _marks(count: int) -> str:
+    return ", ".join("?" * count)

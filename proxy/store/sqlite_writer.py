@@ -43,6 +43,7 @@ from proxy.store.engine import create_private, describe, sqlite_pragmas
 from proxy.store.logprob_rows import Record
 from proxy.store.records import (
     columns,
+    in_lists,
     merged_fingerprints,
     not_stored,
     records,
@@ -280,24 +281,6 @@ def _turns(con: sqlite3.Connection, wanted: list[str]) -> dict[str, tuple[str, s
         )
         found.update((key, (exchange_id, session)) for key, exchange_id, session in rows)
     return found
-
-
-MAX_IN_LIST = 512
-"""Values in one `IN (...)` of the writer's lookups."""
-
-
-def in_lists(values: list[str]) -> Iterator[tuple[str, list[str]]]:
-    """(placeholders, values) for each `IN (...)` looking `values` up, `MAX_IN_LIST` at most,
-    padded to a power of two with its last value repeated: one of ten texts (`spans`)."""
-    for start in range(0, len(values), MAX_IN_LIST):
-        part = values[start : start + MAX_IN_LIST]
-        size = 1 << (len(part) - 1).bit_length()
-        yield _marks(size), part + part[-1:] * (size - len(part))
-
-
-@cache
-def _marks(count: int) -> str:
-    return ", ".join("?" * count)
 
 
 def spans(count: int, size: int) -> Iterator[tuple[int, int]]:

@@ -69,6 +69,26 @@ async def test_a_batch_lets_go_of_each_work_s_arguments_once_it_has_run() -> Non
     assert alive == [[], [False], [False, False], [False, False, False]]
 
 
+async def test_work_after_one_that_stops_the_process_waits_for_the_next_flush() -> None:
+    """A work that raises past the batch's handler (KeyboardInterrupt) stops the batch; the
+    works after it are not dropped: the shutdown's flush runs them, records included."""
+    later = Deferred(delay=60)
+    done: list[int] = []
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    later.add(done.append, 1)
+    later.add(interrupted)
+    later.add(done.append, 2)
+    later.add(done.append, 3)
+    with pytest.raises(KeyboardInterrupt):
+        later.flush()
+    assert done == [1] and len(later) == 2
+    later.flush(close=True)
+    assert done == [1, 2, 3]
+
+
 async def test_a_failing_piece_of_work_does_not_cost_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from proxy.exchange import Exchange
-from proxy.store import sqlite_writer, upgrade, wal
+from proxy.store import records, sqlite_writer, upgrade, wal
 from proxy.store.engine import SQLITE_PAGE_SIZE, StoreError, create_engine
 from proxy.store.records import table_records
 from proxy.store.rows import rows_for
@@ -165,22 +165,27 @@ async def test_the_writer_skips_key_checks_its_batches_cannot_fail(db_path: Path
         assert con.execute("SELECT count(*) FROM logprobs").fetchone()[0] == 4
 
 
+_LOOKUPS = ("INSERT OR FAIL", "SELECT id FROM", "SELECT turn_key")
+
+
 def prepared(con: sqlite3.Connection) -> set[str]:
     """The writer's statements its connection holds prepared (SQLite's `sqlite_stmt`)."""
-    try:
-        found = con.execute("SELECT sql FROM sqlite_stmt").fetchall()
-    except sqlite3.OperationalError as exc:
-        pytest.skip(f"this SQLite has no sqlite_stmt table to list prepared statements: {exc}")
-    return {sql for (sql,) in found if sql.startswith(("INSERT OR FAIL", "SELECT id FROM"))}
+    found = con.execute("SELECT sql FROM sqlite_stmt").fetchall()
+    return {sql for (sql,) in found if sql.startswith(_LOOKUPS)}
 
 
 async def test_batches_of_any_size_reuse_the_statements_they_prepared(db_path: Path) -> None:
-    """Preparing a multi-row INSERT costs more than running it (0.2-1.5 ms for 16 to 40 rows),
-    so a batch of a size not seen before must not need a statement text of its own: after
-    batches of 1 to 70 exchanges, batches of 77 and 121 prepare nothing new, and every table's
-    INSERTs and the id lookups are a handful of texts, not one per size."""
+    """Preparing a multi-row INSERT costs several times running it (docs/performance.md), so a
+    batch of a size not seen before must not need a statement text of its own: after batches
+    of 1 to 70 exchanges, batches of 77 and 121 prepare nothing new, and every table's INSERTs
+    and the id lookups are a handful of texts, not one per size."""
     writer = SqliteWriter(str(db_path), 1000)
     con = writer._connection()
+    try:
+        con.execute("SELECT sql FROM sqlite_stmt").fetchall()
+    except sqlite3.OperationalError as exc:
+        await writer.close()
+        pytest.skip(f"this SQLite has no sqlite_stmt table to list prepared statements: {exc}")
     try:
         for size in range(1, 71):
             batch = [chat_exchange(tags={"team": "x"}, user="u") for _ in range(size)]
@@ -215,15 +220,17 @@ def test_spans_cut_rows_into_inserts_of_few_lengths() -> None:
 
 
 def test_in_lists_pad_lookups_to_a_power_of_two_with_a_value_already_asked() -> None:
+    most = records.MAX_IN_LIST
     for count in (1, 2, 3, 100, 512, 513, 1100):
         values = [f"id{i}" for i in range(count)]
-        parts = list(sqlite_writer.in_lists(values))
-        asked = [value for _, part in parts for value in part]
-        assert set(asked) == set(values)
-        for marks, part in parts:
-            assert marks.count("?") == len(part) <= sqlite_writer.MAX_IN_LIST
+        parts = list(records.in_lists(values))
+        assert len(parts) == math.ceil(count / most)
+        for at, (marks, part) in enumerate(parts):
+            chunk = values[at * most : (at + 1) * most]
+            assert part[: len(chunk)] == chunk and set(part) == set(chunk)
+            assert marks.count("?") == len(part) <= most
             assert len(part) & (len(part) - 1) == 0
-    assert list(sqlite_writer.in_lists([])) == []
+    assert list(records.in_lists([])) == []
 
 
 async def test_a_row_refused_halfway_through_an_insert_leaves_nothing_of_its_batch(
