@@ -165,13 +165,13 @@ async def test_the_writer_skips_key_checks_its_batches_cannot_fail(db_path: Path
         assert con.execute("SELECT count(*) FROM logprobs").fetchone()[0] == 4
 
 
-_LOOKUPS = ("INSERT OR FAIL", "SELECT id FROM", "SELECT turn_key")
+_WRITER_STATEMENTS = ("INSERT OR FAIL", "SELECT id FROM", "SELECT turn_key")
 
 
 def prepared(con: sqlite3.Connection) -> set[str]:
     """The writer's statements its connection holds prepared (SQLite's `sqlite_stmt`)."""
     found = con.execute("SELECT sql FROM sqlite_stmt").fetchall()
-    return {sql for (sql,) in found if sql.startswith(_LOOKUPS)}
+    return {sql for (sql,) in found if sql.startswith(_WRITER_STATEMENTS)}
 
 
 async def test_batches_of_any_size_reuse_the_statements_they_prepared(db_path: Path) -> None:
@@ -182,7 +182,7 @@ async def test_batches_of_any_size_reuse_the_statements_they_prepared(db_path: P
     writer = SqliteWriter(str(db_path), 1000)
     con = writer._connection()
     try:
-        con.execute("SELECT sql FROM sqlite_stmt").fetchall()
+        prepared(con)
     except sqlite3.OperationalError as exc:
         await writer.close()
         pytest.skip(f"this SQLite has no sqlite_stmt table to list prepared statements: {exc}")
